@@ -1,0 +1,74 @@
+//! Flamegraph SVGs, rendered by inferno.
+
+use inferno::flamegraph::{self, color::Palette, Options};
+
+use crate::Folded;
+
+/// What the SVG says about its data.
+#[derive(Clone, Debug)]
+pub struct SvgOptions {
+    pub title: String,
+    pub subtitle: Option<String>,
+    /// Unit shown on hover: "samples", "ns".
+    pub count_name: String,
+    /// An inferno palette name: "rust", "hot", "io", ...
+    pub palette: String,
+}
+
+impl Default for SvgOptions {
+    fn default() -> Self {
+        Self {
+            title: "Flame Graph".to_string(),
+            subtitle: None,
+            count_name: "samples".to_string(),
+            palette: "rust".to_string(),
+        }
+    }
+}
+
+/// Renders `folded` as an interactive SVG flamegraph. An empty profile
+/// gives a small SVG that says so, rather than an error or an empty file.
+pub fn render(folded: &Folded, opts: &SvgOptions) -> anyhow::Result<Vec<u8>> {
+    if folded.is_empty() {
+        return Ok(empty_svg(&opts.title).into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = opts.title.clone();
+    options.subtitle = opts.subtitle.clone();
+    options.count_name = opts.count_name.clone();
+    options.colors = opts
+        .palette
+        .parse::<Palette>()
+        .map_err(|_| anyhow::anyhow!("unknown flamegraph palette {:?}", opts.palette))?;
+    options.deterministic = true;
+    let text = folded.to_text();
+    let mut out = Vec::new();
+    flamegraph::from_lines(&mut options, text.lines(), &mut out)?;
+    Ok(out)
+}
+
+fn empty_svg(title: &str) -> String {
+    let title = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"600\" height=\"60\" xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <text x=\"300\" y=\"24\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{title}</text>\n\
+         <text x=\"300\" y=\"48\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">no samples</text>\n\
+         </svg>\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_frames_and_empty() {
+        let mut f = Folded::new();
+        f.add(["thread", "main", "hot_spin"], 10);
+        let svg = String::from_utf8(render(&f, &SvgOptions::default()).unwrap()).unwrap();
+        assert!(svg.contains("hot_spin") && svg.starts_with("<?xml"));
+        let empty = String::from_utf8(render(&Folded::new(), &SvgOptions::default()).unwrap()).unwrap();
+        assert!(empty.contains("no samples"));
+    }
+}

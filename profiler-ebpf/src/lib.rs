@@ -1,0 +1,132 @@
+//! The records slotprof's eBPF programs write and its userspace reads.
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of pointers, so the same
+//! definition compiles for `bpfel-unknown-none` and for the host, and a
+//! ring-buffer record can be read with one unaligned copy.
+#![no_std]
+
+/// Length of a kernel task name (`comm`), NUL padding included.
+pub const COMM_LEN: usize = 16;
+
+/// Frames kept per stack by the kernel's stack-trace map (its maximum).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Entries in the stack-trace map. A full map makes `bpf_get_stackid` fail,
+/// which we count as a lost stack, never as a silent drop.
+pub const STACK_MAP_ENTRIES: u32 = 16 * 1024;
+
+/// Threads that can be off-CPU at once and still be tracked (LRU: the oldest
+/// entry, typically a thread that has exited while asleep, goes first).
+pub const OFFCPU_MAP_ENTRIES: u32 = 16 * 1024;
+
+/// Ring buffer size in bytes (a power of two, a multiple of the page size).
+pub const RING_BYTES: u32 = 4 << 20;
+
+/// First field of every ring-buffer record: which record follows.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// [`CpuSample`].
+    CpuSample = 1,
+    /// [`OffCpuInterval`].
+    OffCpu = 2,
+}
+
+/// One cpu-clock sample of a thread of the target, taken on `cpu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSample {
+    /// [`EventKind::CpuSample`].
+    pub kind: u32,
+    pub cpu: u32,
+    /// `bpf_ktime_get_ns`, i.e. CLOCK_MONOTONIC.
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Id in the stack-trace map, or a negative errno (see [`stack_lost`]).
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A thread of the target was off-CPU from `start_ns` to `end_ns`, at least
+/// the configured minimum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuInterval {
+    /// [`EventKind::OffCpu`].
+    pub kind: u32,
+    /// CPU it came back on.
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Stacks at switch-out.
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    /// `prev_state` at switch-out: 0 means it was preempted while runnable
+    /// (the interval is run-queue wait), anything else means it blocked.
+    pub state: u32,
+    /// Thread that woke it, 0 when unknown (preempted, or woken by an
+    /// interrupt with no task of interest behind it).
+    pub waker_tid: u32,
+    pub waker_tgid: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Per-thread state kept while a thread of the target is off-CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuStart {
+    pub start_ns: u64,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    pub state: u32,
+    pub waker_tid: u32,
+    pub waker_tgid: u32,
+    /// Process of the sleeping thread (the switch-in side cannot read it).
+    pub tgid: u32,
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Byte offsets of the tracepoint fields the programs read. Userspace takes
+/// them from tracefs `format` files at load time, so a kernel that moves a
+/// field is read correctly instead of silently misread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracepointOffsets {
+    pub switch_prev_pid: u32,
+    pub switch_prev_state: u32,
+    pub switch_next_pid: u32,
+    pub switch_next_comm: u32,
+    pub waking_pid: u32,
+    pub _pad: u32,
+}
+
+/// Indices into the per-CPU `COUNTERS` array.
+pub mod counter {
+    /// Cpu-clock samples of the target seen by the sampling program.
+    pub const SAMPLES: u32 = 0;
+    /// Off-CPU intervals over the minimum sent to userspace.
+    pub const OFFCPU_INTERVALS: u32 = 1;
+    /// Records dropped because the ring buffer was full.
+    pub const RING_FULL: u32 = 2;
+    /// Stacks lost: the stack map was full or a hash collided.
+    pub const STACK_LOST: u32 = 3;
+    /// Off-CPU starts not recorded because the per-thread map was full.
+    pub const OFFCPU_START_LOST: u32 = 4;
+    /// Number of counters.
+    pub const COUNT: u32 = 5;
+}
+
+/// Whether a stack id is an error that means a lost stack (map full or hash
+/// collision), as opposed to "no stack of this kind" (-EFAULT: no user stack
+/// for a kernel thread, no kernel stack for a sample taken in user mode).
+pub const fn stack_lost(id: i32) -> bool {
+    const EEXIST: i32 = 17;
+    const ENOMEM: i32 = 12;
+    id == -EEXIST || id == -ENOMEM
+}

@@ -1,0 +1,93 @@
+//! Maps and settings shared by the probes; one file per event source.
+
+mod cpu_sampling;
+mod sched;
+
+use aya_ebpf::{
+    macros::map,
+    maps::{LruHashMap, PerCpuArray, RingBuf, StackTrace},
+};
+use profiler_ebpf::{
+    counter, OffCpuStart, TracepointOffsets, OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
+};
+
+// Settings written by userspace before load (`EbpfLoader::set_global`).
+// Read through `read_volatile` so the compiler cannot fold the defaults in.
+
+/// Process to trace; 0 traces every process.
+#[no_mangle]
+static TARGET_TGID: u32 = 0;
+/// Shortest off-CPU interval worth reporting.
+#[no_mangle]
+static MIN_OFFCPU_NS: u64 = 1_000_000;
+/// Where the tracepoint fields are on this kernel.
+#[no_mangle]
+static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
+    switch_prev_pid: 24,
+    switch_prev_state: 32,
+    switch_next_pid: 56,
+    switch_next_comm: 40,
+    waking_pid: 24,
+    _pad: 0,
+};
+
+#[inline(always)]
+fn target_tgid() -> u32 {
+    unsafe { core::ptr::read_volatile(&TARGET_TGID) }
+}
+
+#[inline(always)]
+fn min_offcpu_ns() -> u64 {
+    unsafe { core::ptr::read_volatile(&MIN_OFFCPU_NS) }
+}
+
+#[inline(always)]
+fn offsets() -> TracepointOffsets {
+    unsafe { core::ptr::read_volatile(&TP_OFFSETS) }
+}
+
+/// Whether a task of this process is one we trace. The idle task (tgid 0) never is.
+#[inline(always)]
+fn is_target(tgid: u32) -> bool {
+    let want = target_tgid();
+    tgid != 0 && (want == 0 || want == tgid)
+}
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+/// Stacks, deduplicated in the kernel: a record carries only their ids.
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
+
+/// Threads of the target that are off-CPU right now, by tid.
+#[map]
+static OFFCPU_START: LruHashMap<u32, OffCpuStart> =
+    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // Per-CPU slot: no other CPU writes it, no atomic needed.
+        unsafe { *c += 1 };
+    }
+}
+
+/// `bpf_get_stackid` flag: walk the user stack instead of the kernel's.
+const BPF_F_USER_STACK: u64 = 1 << 8;
+
+/// A stack id, or the negative errno from the helper; lost stacks are counted.
+#[inline(always)]
+fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    let id = match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(e) => e,
+    };
+    if profiler_ebpf::stack_lost(id) {
+        count(counter::STACK_LOST);
+    }
+    id
+}

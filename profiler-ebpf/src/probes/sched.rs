@@ -1,0 +1,104 @@
+//! Off-CPU intervals from sched:sched_switch, and who ended them from
+//! sched:sched_waking.
+//!
+//! Keyed by tid, not by CPU: a thread that sleeps on one CPU often wakes on
+//! another, and a per-CPU key would pair unrelated switches.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use profiler_ebpf::{counter, EventKind, OffCpuInterval, OffCpuStart, COMM_LEN};
+
+use super::{
+    count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, OFFCPU_START,
+};
+
+#[tracepoint]
+pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    let now = unsafe { bpf_ktime_get_ns() };
+
+    // Switch-out: `current` is still the previous task.
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if is_target(tgid) {
+        let prev_pid: i32 = unsafe { ctx.read_at(off.switch_prev_pid as usize) }.unwrap_or(0);
+        let state: i64 = unsafe { ctx.read_at(off.switch_prev_state as usize) }.unwrap_or(0);
+        if prev_pid > 0 {
+            let start = OffCpuStart {
+                start_ns: now,
+                user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+                kernel_stack_id: stack_id(&ctx, 0),
+                state: state as u32,
+                waker_tid: 0,
+                waker_tgid: 0,
+                tgid,
+                waker_comm: [0; COMM_LEN],
+            };
+            if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
+                count(counter::OFFCPU_START_LOST);
+            }
+        }
+    }
+
+    // Switch-in: only threads we saw leave are in the map.
+    let next_pid: i32 = unsafe { ctx.read_at(off.switch_next_pid as usize) }.unwrap_or(0);
+    if next_pid <= 0 {
+        return 0;
+    }
+    let tid = next_pid as u32;
+    let Some(start) = OFFCPU_START.get_ptr(&tid) else {
+        return 0;
+    };
+    let start = unsafe { *start };
+    let _ = OFFCPU_START.remove(&tid);
+    if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<OffCpuInterval>(0) else {
+        count(counter::RING_FULL);
+        return 0;
+    };
+    let comm: [u8; COMM_LEN] =
+        unsafe { ctx.read_at(off.switch_next_comm as usize) }.unwrap_or([0; COMM_LEN]);
+    entry.write(OffCpuInterval {
+        kind: EventKind::OffCpu as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        start_ns: start.start_ns,
+        end_ns: now,
+        tgid: start.tgid,
+        tid,
+        user_stack_id: start.user_stack_id,
+        kernel_stack_id: start.kernel_stack_id,
+        state: start.state,
+        waker_tid: start.waker_tid,
+        waker_tgid: start.waker_tgid,
+        _pad: 0,
+        comm,
+        waker_comm: start.waker_comm,
+    });
+    entry.submit(0);
+    count(counter::OFFCPU_INTERVALS);
+    0
+}
+
+#[tracepoint]
+pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
+    let pid: i32 = unsafe { ctx.read_at(offsets().waking_pid as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let Some(start) = OFFCPU_START.get_ptr_mut(&(pid as u32)) else {
+        return 0;
+    };
+    // `current` is the waker (sched_waking fires in its context).
+    let pid_tgid = bpf_get_current_pid_tgid();
+    unsafe {
+        (*start).waker_tid = pid_tgid as u32;
+        (*start).waker_tgid = (pid_tgid >> 32) as u32;
+        (*start).waker_comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    }
+    0
+}

@@ -1,0 +1,2 @@
+static OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+fn main() { println!("{}", OBJ.len()); }

@@ -1,0 +1,131 @@
+//! Address to frame names, cached.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use blazesym::symbolize::{
+    source::{Elf, Kernel, Source},
+    Input, Symbolized, Symbolizer as Blaze,
+};
+
+use crate::maps::ProcessMaps;
+
+/// Symbolizes user addresses of tracked processes and kernel addresses.
+///
+/// Results are cached per `(file, offset)` and per kernel address, so each
+/// distinct frame is resolved once per session however many stacks share it.
+pub struct Symbolizer {
+    blaze: Blaze,
+    processes: HashMap<u32, ProcessMaps>,
+    user_cache: HashMap<(PathBuf, u64), Vec<String>>,
+    kernel_cache: HashMap<u64, Vec<String>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Self {
+            blaze: Blaze::builder()
+                .enable_demangling(true)
+                .enable_inlined_fns(true)
+                .enable_code_info(false)
+                .build(),
+            processes: HashMap::new(),
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+        }
+    }
+
+    /// Takes (or refreshes) the memory map of `pid`. Call it when the
+    /// session starts and now and then while the process runs; after it
+    /// exits, the last snapshot is what its addresses are resolved against.
+    pub fn track_process(&mut self, pid: u32) -> std::io::Result<()> {
+        let snapshot = ProcessMaps::read(pid)?;
+        self.processes.entry(pid).or_default().merge(snapshot);
+        Ok(())
+    }
+
+    /// The memory map known for `pid`, if it was tracked.
+    pub fn process_maps(&self, pid: u32) -> Option<&ProcessMaps> {
+        self.processes.get(&pid)
+    }
+
+    /// Frames for user addresses of `pid`, in the order given (leaf first
+    /// for a stack). An address with inlined calls yields several frames,
+    /// innermost first. Pass `is_return_address` for every address but a
+    /// stack's first: a return address points after the call, so one byte
+    /// back is looked up to stay inside the caller's call instruction.
+    pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Vec<String> {
+        let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+        let Some(mapping) = self.processes.get(&pid).and_then(|m| m.find(lookup)) else {
+            return vec![format!("[unknown] {addr:#x}")];
+        };
+        let file_offset = lookup - mapping.start + mapping.file_offset;
+        let Some(path) = mapping.path.clone() else {
+            return vec![format!("[unknown] {}+{file_offset:#x}", mapping.label)];
+        };
+        let label = mapping.label.clone();
+        let key = (path, file_offset);
+        if let Some(frames) = self.user_cache.get(&key) {
+            return frames.clone();
+        }
+        let src = Source::Elf(Elf::new(&key.0));
+        let frames = match self.blaze.symbolize_single(&src, Input::FileOffset(file_offset)) {
+            Ok(Symbolized::Sym(sym)) => names(&sym),
+            _ => vec![format!("[unknown] {label}+{file_offset:#x}")],
+        };
+        self.user_cache.insert(key, frames.clone());
+        frames
+    }
+
+    /// Frames for a kernel address, innermost first (see [`Self::user_frame`]).
+    pub fn kernel_frame(&mut self, addr: u64, is_return_address: bool) -> Vec<String> {
+        let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+        if let Some(frames) = self.kernel_cache.get(&lookup) {
+            return frames.clone();
+        }
+        let src = Source::Kernel(Kernel::default());
+        let frames = match self.blaze.symbolize_single(&src, Input::AbsAddr(lookup)) {
+            Ok(Symbolized::Sym(sym)) => names(&sym),
+            _ => vec![format!("[unknown] [kernel]+{addr:#x}")],
+        };
+        self.kernel_cache.insert(lookup, frames.clone());
+        frames
+    }
+}
+
+/// A symbol's name and the functions inlined into it at that address,
+/// innermost first.
+fn names(sym: &blazesym::symbolize::Sym<'_>) -> Vec<String> {
+    let mut frames: Vec<String> = sym.inlined.iter().rev().map(|f| f.name.to_string()).collect();
+    frames.push(sym.name.to_string());
+    frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn a_function_with_a_recognizable_name() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn names_own_function_and_marks_unmapped() {
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        s.track_process(pid).unwrap();
+        let addr = a_function_with_a_recognizable_name as *const () as u64;
+        let frames = s.user_frame(pid, addr, false);
+        assert!(
+            frames.iter().any(|f| f.contains("a_function_with_a_recognizable_name")),
+            "{frames:?}"
+        );
+        assert_eq!(s.user_frame(pid, 0x10, false), vec!["[unknown] 0x10".to_string()]);
+    }
+}
