@@ -1,2 +1,157 @@
-static OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
-fn main() { println!("{}", OBJ.len()); }
+//! The `slotprof` binary: parse the command line, run, report.
+
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    process::ExitCode,
+};
+
+use anyhow::Context;
+use clap::Parser;
+use profiler::{
+    cli::{Cli, Command},
+    privileges,
+    session::{self, HeldChild, SessionOptions},
+    target::Target,
+};
+
+/// Environment variable that turns this process into the held trampoline of
+/// `record`: wait for a byte on the named fd, then exec the command.
+const HELD_FD_ENV: &str = "SLOTPROF_HELD_FD";
+
+fn main() -> ExitCode {
+    if let Some(fd) = std::env::var_os(HELD_FD_ENV) {
+        return exec_when_released(fd.to_str().and_then(|s| s.parse().ok()));
+    }
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("slotprof: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("slotprof: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Attach(a) => {
+            let target = Target::from_pid(a.pid)?;
+            privileges::require_bpf()?;
+            privileges::raise_memlock_limit();
+            let opts = SessionOptions {
+                duration: Some(a.duration),
+                freq_hz: a.profile.freq,
+                min_offcpu: a.profile.min_offcpu,
+                out: a.profile.out,
+                command: "attach",
+            };
+            eprintln!(
+                "slotprof: profiling {} (pid {}) for {:.0} s; Ctrl-C stops early",
+                target.comm,
+                target.pid,
+                a.duration.as_secs_f64()
+            );
+            finish(session::run(&opts, target, None).await?)
+        }
+        Command::Record(r) => {
+            privileges::require_bpf()?;
+            privileges::raise_memlock_limit();
+            let (held, pid) = spawn_held(&r.command)?;
+            let target = Target::from_pid(pid)?;
+            let opts = SessionOptions {
+                duration: r.duration,
+                freq_hz: r.profile.freq,
+                min_offcpu: r.profile.min_offcpu,
+                out: r.profile.out,
+                command: "record",
+            };
+            let outcome = session::run(&opts, target, Some(held)).await?;
+            finish(outcome)
+        }
+    }
+}
+
+/// Starts `argv` held: the child is slotprof itself, waiting on a pipe,
+/// and it execs `argv` (keeping its pid) only once the probes are attached,
+/// so nothing the command does is missed. (Blocking in `pre_exec` instead
+/// would deadlock: spawn waits for the exec.)
+fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe2");
+    }
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let gate = read_end.as_raw_fd();
+    let me = std::env::current_exe().context("cannot find slotprof's own executable")?;
+    let mut cmd = tokio::process::Command::new(me);
+    cmd.args(argv).env(HELD_FD_ENV, gate.to_string()).kill_on_drop(true);
+    // SAFETY: only async-signal-safe calls (fcntl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Let the read end survive into the trampoline.
+            if libc::fcntl(gate, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start the held child")?;
+    drop(read_end);
+    let pid = child.id().context("the command exited at once")?;
+    Ok((
+        HeldChild {
+            child,
+            release: write_end,
+        },
+        pid,
+    ))
+}
+
+/// The trampoline side of [`spawn_held`].
+fn exec_when_released(fd: Option<i32>) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let Some(fd) = fd else {
+        eprintln!("slotprof: error: {HELD_FD_ENV} is not a file descriptor");
+        return ExitCode::FAILURE;
+    };
+    let mut b = [0u8; 1];
+    if unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } != 1 {
+        // slotprof failed before attaching: run nothing.
+        return ExitCode::FAILURE;
+    }
+    unsafe { libc::close(fd) };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let err = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_remove(HELD_FD_ENV)
+        .exec();
+    eprintln!("slotprof: error: cannot run `{}`: {err} (is it on PATH and executable?)", argv[0]);
+    ExitCode::from(127)
+}
+
+fn finish(outcome: session::Outcome) -> anyhow::Result<()> {
+    let s = &outcome.summary;
+    println!(
+        "slotprof: {:.1} s, {} on-CPU samples, {} off-CPU intervals ({:.1} ms), {} lost; ended by {}",
+        s.duration_s,
+        s.counts.oncpu_samples,
+        s.counts.offcpu_intervals,
+        s.counts.offcpu_ns as f64 / 1e6,
+        s.lost.total,
+        s.ended_by
+    );
+    for path in &s.outputs {
+        println!("  {path}");
+    }
+    for w in &s.warnings {
+        eprintln!("slotprof: warning: {w}");
+    }
+    Ok(())
+}

@@ -25,19 +25,35 @@ pub struct Mapping {
 pub struct ProcessMaps {
     /// Newest first.
     mappings: Vec<Mapping>,
+    /// Hash of the text of the newest snapshot: an unchanged map (the
+    /// common case for a long-running validator) is not merged again.
+    text_hash: u64,
 }
 
 impl ProcessMaps {
     /// Reads `/proc/PID/maps` now.
     pub fn read(pid: u32) -> io::Result<Self> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-        Ok(Self {
-            mappings: parse(&text),
-        })
+        Ok(Self::from_text(&text))
+    }
+
+    /// A snapshot from the text of a maps file.
+    pub fn from_text(text: &str) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        Self {
+            mappings: parse(text),
+            text_hash: h.finish(),
+        }
     }
 
     /// Folds a newer snapshot in.
     pub fn merge(&mut self, newer: ProcessMaps) {
+        if newer.text_hash == self.text_hash && !self.mappings.is_empty() {
+            return;
+        }
+        self.text_hash = newer.text_hash;
         let mut kept: Vec<Mapping> = self
             .mappings
             .drain(..)
@@ -121,9 +137,10 @@ mod tests {
 
     #[test]
     fn merge_keeps_unmapped_regions_and_prefers_newer() {
-        let mut maps = ProcessMaps { mappings: parse(SAMPLE) };
-        let newer = parse("7f00ab000000-7f00ab080000 r-xp 00000000 fd:01 7 /tmp/other.so\n");
-        maps.merge(ProcessMaps { mappings: newer });
+        let mut maps = ProcessMaps::from_text(SAMPLE);
+        maps.merge(ProcessMaps::from_text(
+            "7f00ab000000-7f00ab080000 r-xp 00000000 fd:01 7 /tmp/other.so\n",
+        ));
         assert_eq!(maps.find(0x7f00ab000010).unwrap().label, "other.so");
         // The old lib.so overlapped and is gone; the program text stays.
         assert_eq!(maps.find(0x55d0c0a2c010).unwrap().label, "my prog");

@@ -1,1 +1,66 @@
+//! Synthetic stall programs (the binaries in `src/bin`) and what they share.
+//!
+//! Each program does a known amount of a known kind of work and reports
+//! what it did, so tests compare slotprof's findings against the program's
+//! own ground truth rather than against fixed numbers.
 
+use std::time::Duration;
+
+/// Minimal flag parsing for the stall programs: `--name value` pairs.
+pub struct Flags {
+    args: Vec<String>,
+}
+
+impl Flags {
+    pub fn from_env() -> Self {
+        Self {
+            args: std::env::args().skip(1).collect(),
+        }
+    }
+
+    /// The value after `--name`, if given.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let flag = format!("--{name}");
+        self.args
+            .iter()
+            .position(|a| *a == flag)
+            .and_then(|i| self.args.get(i + 1))
+            .map(String::as_str)
+    }
+
+    /// A number after `--name`, or `default`; exits with a message when the
+    /// value is not a number.
+    pub fn num(&self, name: &str, default: f64) -> f64 {
+        match self.get(name) {
+            None => default,
+            Some(v) => v.parse().unwrap_or_else(|_| {
+                eprintln!("--{name} wants a number, got {v:?}");
+                std::process::exit(2)
+            }),
+        }
+    }
+
+    /// A duration in (fractional) seconds.
+    pub fn secs(&self, name: &str, default: f64) -> Duration {
+        Duration::from_secs_f64(self.num(name, default))
+    }
+}
+
+/// Writes the program's report (JSON text) to `--report FILE` when given,
+/// else to stdout. Written via a rename so a reader never sees half of it.
+pub fn write_report(flags: &Flags, json: &str) {
+    match flags.get("report") {
+        Some(path) => {
+            let tmp = format!("{path}.tmp");
+            std::fs::write(&tmp, json).expect("write report");
+            std::fs::rename(&tmp, path).expect("rename report");
+        }
+        None => println!("{json}"),
+    }
+}
+
+/// Names the calling thread (what `comm` and flamegraph roots show).
+pub fn name_thread(name: &str) {
+    let c = std::ffi::CString::new(name).expect("thread name");
+    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}

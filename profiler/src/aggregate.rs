@@ -1,0 +1,312 @@
+//! Counting events by thread and stack, then naming the stacks.
+//!
+//! Ingestion is constant-time per event (one hash-map update keyed by stack
+//! ids); names are resolved once per distinct stack at the end.
+
+use std::collections::{HashMap, HashSet};
+
+use flamegraphs::Folded;
+use profiler_ebpf::{stack_lost, CpuSample, OffCpuInterval, COMM_LEN};
+use serde::Serialize;
+use symbolizer::Symbolizer;
+
+use crate::events::{comm_str, Event};
+
+/// A thread and the stack it was in.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct StackKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: [u8; COMM_LEN],
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+}
+
+/// Per-thread totals, for the summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ThreadTotals {
+    pub tid: u32,
+    pub comm: String,
+    pub samples: u64,
+    pub offcpu_ns: u64,
+    pub offcpu_intervals: u64,
+}
+
+/// One of the longest off-CPU intervals, with who ended it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LongInterval {
+    pub tid: u32,
+    pub comm: String,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// "blocked" or "preempted" (runnable, waiting for a CPU).
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waker: Option<String>,
+    /// Closed by the end of the session rather than by a switch-in.
+    pub cut_at_end: bool,
+}
+
+/// How many of the longest intervals the summary lists.
+const LONGEST_KEPT: usize = 20;
+
+/// Everything counted so far.
+#[derive(Default)]
+pub struct Aggregator {
+    oncpu: HashMap<StackKey, u64>,
+    /// Value: nanoseconds; the bool is "preempted" (run-queue wait).
+    offcpu: HashMap<(StackKey, bool), u64>,
+    threads: HashMap<u32, ThreadTotals>,
+    longest: Vec<LongInterval>,
+    pub samples: u64,
+    pub offcpu_intervals: u64,
+    pub offcpu_ns: u64,
+    /// Records that did not decode (never expected; counted, not trusted).
+    pub malformed: u64,
+}
+
+/// Stacks by id, read from the kernel's stack map before it goes away.
+pub type StackTable = HashMap<i32, Vec<u64>>;
+
+/// The two flamegraph inputs and what was learnt while building them.
+pub struct Profiles {
+    /// Root frame is the thread name; values are samples.
+    pub oncpu: Folded,
+    /// Same shape; values are nanoseconds off-CPU.
+    pub offcpu: Folded,
+    /// Median number of user frames in on-CPU samples that had a user stack.
+    pub median_user_depth: Option<usize>,
+}
+
+impl Aggregator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one decoded record.
+    pub fn ingest(&mut self, event: &Event) {
+        match event {
+            Event::Sample(s) => self.sample(s),
+            Event::OffCpu(o) => self.interval(o, false),
+        }
+    }
+
+    fn thread(&mut self, tid: u32, comm: &[u8; COMM_LEN]) -> &mut ThreadTotals {
+        self.threads.entry(tid).or_insert_with(|| ThreadTotals {
+            tid,
+            comm: comm_str(comm),
+            ..Default::default()
+        })
+    }
+
+    fn sample(&mut self, s: &CpuSample) {
+        let key = StackKey {
+            tgid: s.tgid,
+            tid: s.tid,
+            comm: s.comm,
+            user_stack_id: s.user_stack_id,
+            kernel_stack_id: s.kernel_stack_id,
+        };
+        *self.oncpu.entry(key).or_default() += 1;
+        self.samples += 1;
+        self.thread(s.tid, &s.comm).samples += 1;
+    }
+
+    /// Counts an off-CPU interval; `cut_at_end` marks one still open when
+    /// the session ended.
+    pub fn interval(&mut self, o: &OffCpuInterval, cut_at_end: bool) {
+        let ns = o.end_ns.saturating_sub(o.start_ns);
+        let preempted = o.state == 0;
+        let key = StackKey {
+            tgid: o.tgid,
+            tid: o.tid,
+            comm: o.comm,
+            user_stack_id: o.user_stack_id,
+            kernel_stack_id: o.kernel_stack_id,
+        };
+        *self.offcpu.entry((key, preempted)).or_default() += ns;
+        self.offcpu_intervals += 1;
+        self.offcpu_ns += ns;
+        let t = self.thread(o.tid, &o.comm);
+        t.offcpu_ns += ns;
+        t.offcpu_intervals += 1;
+        self.keep_if_long(o, ns, preempted, cut_at_end);
+    }
+
+    fn keep_if_long(&mut self, o: &OffCpuInterval, ns: u64, preempted: bool, cut_at_end: bool) {
+        if self.longest.len() == LONGEST_KEPT && self.longest.last().is_some_and(|l| l.duration_ns >= ns) {
+            return;
+        }
+        let waker = (o.waker_tid != 0).then(|| format!("{}/{}", comm_str(&o.waker_comm), o.waker_tid));
+        let item = LongInterval {
+            tid: o.tid,
+            comm: comm_str(&o.comm),
+            start_ns: o.start_ns,
+            duration_ns: ns,
+            kind: if preempted { "preempted" } else { "blocked" },
+            waker,
+            cut_at_end,
+        };
+        let at = self.longest.partition_point(|l| l.duration_ns >= ns);
+        self.longest.insert(at, item);
+        self.longest.truncate(LONGEST_KEPT);
+    }
+
+    /// Every stack id the counted events refer to.
+    pub fn stack_ids(&self) -> HashSet<i32> {
+        let keys = self.oncpu.keys().chain(self.offcpu.keys().map(|(k, _)| k));
+        keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
+            .filter(|&id| id >= 0)
+            .collect()
+    }
+
+    /// Per-thread totals, busiest first.
+    pub fn threads(&self) -> Vec<ThreadTotals> {
+        let mut v: Vec<_> = self.threads.values().cloned().collect();
+        v.sort_by(|a, b| (b.samples, b.offcpu_ns).cmp(&(a.samples, a.offcpu_ns)).then(a.tid.cmp(&b.tid)));
+        v
+    }
+
+    /// The longest off-CPU intervals, longest first.
+    pub fn longest_intervals(&self) -> &[LongInterval] {
+        &self.longest
+    }
+
+    /// Names every counted stack and builds the folded profiles.
+    pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Profiles {
+        let mut names = StackNamer { stacks, sym, cache: HashMap::new() };
+        let mut oncpu = Folded::new();
+        let mut depths = Vec::new();
+        for (key, &count) in &self.oncpu {
+            if let Some(user) = stacks.get(&key.user_stack_id) {
+                depths.extend(std::iter::repeat_n(user.len(), count as usize));
+            }
+            oncpu.add(names.frames(key, false), count);
+        }
+        let mut offcpu = Folded::new();
+        for ((key, preempted), &ns) in &self.offcpu {
+            offcpu.add(names.frames(key, *preempted), ns);
+        }
+        depths.sort_unstable();
+        Profiles {
+            oncpu,
+            offcpu,
+            median_user_depth: depths.get(depths.len() / 2).copied(),
+        }
+    }
+}
+
+/// Turns a [`StackKey`] into frames, root first, caching each stack.
+struct StackNamer<'a> {
+    stacks: &'a StackTable,
+    sym: &'a mut Symbolizer,
+    cache: HashMap<(u32, i32, bool), Vec<String>>,
+}
+
+impl StackNamer<'_> {
+    fn frames(&mut self, key: &StackKey, preempted: bool) -> Vec<String> {
+        let mut frames = vec![comm_str(&key.comm)];
+        frames.extend(self.part(key.tgid, key.user_stack_id, false));
+        frames.extend(self.part(key.tgid, key.kernel_stack_id, true));
+        if preempted {
+            frames.push("[preempted: waiting for a CPU]".to_string());
+        }
+        frames
+    }
+
+    /// The user or kernel part of a stack, root first.
+    fn part(&mut self, tgid: u32, id: i32, kernel: bool) -> Vec<String> {
+        let cache_key = (if kernel { 0 } else { tgid }, id, kernel);
+        if let Some(f) = self.cache.get(&cache_key) {
+            return f.clone();
+        }
+        let side = if kernel { "kernel" } else { "user" };
+        let frames = if id < 0 {
+            // -EFAULT etc. means "no stack of this kind" (a sample in user
+            // mode has no kernel stack): nothing to show.
+            if stack_lost(id) {
+                vec![format!("[{side} stack lost]")]
+            } else {
+                Vec::new()
+            }
+        } else if let Some(addrs) = self.stacks.get(&id) {
+            let mut leaf_first = Vec::new();
+            for (i, &addr) in addrs.iter().enumerate() {
+                let names = if kernel {
+                    self.sym.kernel_frame(addr, i > 0)
+                } else {
+                    self.sym.user_frame(tgid, addr, i > 0)
+                };
+                leaf_first.extend(names.into_iter().map(|n| if kernel { format!("{n}_[k]") } else { n }));
+            }
+            leaf_first.reverse();
+            leaf_first
+        } else {
+            vec![format!("[{side} stack missing]")]
+        };
+        self.cache.insert(cache_key, frames.clone());
+        frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_ebpf::EventKind;
+
+    fn comm(s: &str) -> [u8; COMM_LEN] {
+        let mut c = [0; COMM_LEN];
+        c[..s.len()].copy_from_slice(s.as_bytes());
+        c
+    }
+
+    fn off(tid: u32, start: u64, end: u64, state: u32) -> OffCpuInterval {
+        OffCpuInterval {
+            kind: EventKind::OffCpu as u32,
+            cpu: 0,
+            start_ns: start,
+            end_ns: end,
+            tgid: 1,
+            tid,
+            user_stack_id: -14,
+            kernel_stack_id: 7,
+            state,
+            waker_tid: 9,
+            waker_tgid: 1,
+            _pad: 0,
+            comm: comm("sleeper"),
+            waker_comm: comm("waker"),
+        }
+    }
+
+    #[test]
+    fn counts_and_names_with_missing_and_lost_stacks() {
+        let mut agg = Aggregator::new();
+        for _ in 0..3 {
+            agg.ingest(&Event::Sample(CpuSample {
+                kind: EventKind::CpuSample as u32,
+                cpu: 0,
+                ts_ns: 1,
+                tgid: 1,
+                tid: 2,
+                user_stack_id: -17,
+                kernel_stack_id: -14,
+                comm: comm("hot"),
+            }));
+        }
+        agg.ingest(&Event::OffCpu(off(3, 100, 2_100, 1)));
+        agg.ingest(&Event::OffCpu(off(3, 5_000, 6_000, 0)));
+        assert_eq!(agg.stack_ids(), HashSet::from([7]));
+        let mut sym = Symbolizer::new();
+        // Stack 7 was never read back from the kernel.
+        let p = agg.resolve(&StackTable::new(), &mut sym);
+        assert_eq!(p.oncpu.to_text(), "hot;[user stack lost] 3\n");
+        assert_eq!(p.offcpu.total(), 3_000);
+        assert_eq!(p.offcpu.total_where(|f| f.starts_with("[preempted")), 1_000);
+        assert!(p.offcpu.total_where(|f| f == "[kernel stack missing]") == 3_000);
+        let longest = agg.longest_intervals();
+        assert_eq!(longest[0].duration_ns, 2_000);
+        assert_eq!(longest[0].waker.as_deref(), Some("waker/9"));
+        assert_eq!(agg.threads()[0].comm, "hot");
+    }
+}

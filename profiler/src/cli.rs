@@ -1,0 +1,63 @@
+//! Command-line interface.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+/// slotprof: where a validator's leader time went, slot by slot.
+#[derive(Debug, Parser)]
+#[command(name = "slotprof", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Profile a running process: on-CPU and off-CPU flamegraphs, pprof, summary.
+    Attach(AttachArgs),
+    /// Start a command and profile it from its first instruction.
+    Record(RecordArgs),
+}
+
+/// Options shared by every profiling command.
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// cpu-clock samples per second, per CPU.
+    #[arg(short = 'F', long = "freq", default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub freq: u64,
+    /// Off-CPU intervals shorter than this are not recorded (e.g. 1ms, 500us).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub min_offcpu: Duration,
+    /// Directory for the outputs (created if missing).
+    #[arg(short, long, default_value = "slotprof-out")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Process to profile (all its threads).
+    #[arg(short, long)]
+    pub pid: u32,
+    /// How long to profile (e.g. 30s, 5m); Ctrl-C stops early and still writes.
+    #[arg(short, long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Stop after this long even if the command still runs (default: when it exits).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s)
+}

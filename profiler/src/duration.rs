@@ -1,0 +1,43 @@
+//! Durations as people type them: `30s`, `500ms`, `2m`, `1h`, `1.5s`.
+
+use std::time::Duration;
+
+/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m` or `h`; a bare
+/// number is seconds.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: use e.g. 30s, 500ms, 2m"))?;
+    let scale = match unit {
+        "ns" => 1e-9,
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m or h")),
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{text:?} is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(parse("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse("fast").unwrap_err().contains("30s"));
+        assert!(parse("3d").unwrap_err().contains("unit"));
+    }
+}

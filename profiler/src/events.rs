@@ -1,0 +1,77 @@
+//! Decoding ring-buffer records.
+
+use profiler_ebpf::{CpuSample, EventKind, OffCpuInterval};
+
+/// One record from the kernel.
+#[derive(Clone, Copy, Debug)]
+pub enum Event {
+    Sample(CpuSample),
+    OffCpu(OffCpuInterval),
+}
+
+/// Decodes one record; `None` for a record of unknown kind or short length
+/// (counted by the caller, never trusted).
+pub fn decode(bytes: &[u8]) -> Option<Event> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind == EventKind::CpuSample as u32 {
+        read::<CpuSample>(bytes).map(Event::Sample)
+    } else if kind == EventKind::OffCpu as u32 {
+        read::<OffCpuInterval>(bytes).map(Event::OffCpu)
+    } else {
+        None
+    }
+}
+
+/// Reads a plain-data record from the start of `bytes`.
+fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; T is a repr(C) plain-data record (every bit
+    // pattern valid) and read_unaligned copes with the ring's alignment.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// A kernel `comm` as text: up to the first NUL, lossy UTF-8.
+pub fn comm_str(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of<T>(v: &T) -> Vec<u8> {
+        let p = v as *const T as *const u8;
+        unsafe { std::slice::from_raw_parts(p, std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn decodes_by_kind_and_rejects_short_or_unknown() {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"main");
+        let s = CpuSample {
+            kind: EventKind::CpuSample as u32,
+            cpu: 1,
+            ts_ns: 5,
+            tgid: 10,
+            tid: 11,
+            user_stack_id: 3,
+            kernel_stack_id: -14,
+            comm,
+        };
+        let b = bytes_of(&s);
+        match decode(&b) {
+            Some(Event::Sample(d)) => {
+                assert_eq!((d.tid, d.user_stack_id, d.kernel_stack_id), (11, 3, -14));
+                assert_eq!(comm_str(&d.comm), "main");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(decode(&b[..20]).is_none());
+        let mut unknown = b.clone();
+        unknown[0] = 99;
+        assert!(decode(&unknown).is_none());
+    }
+}

@@ -1,0 +1,23 @@
+//! slotprof's userspace: loads the probes, turns their events into
+//! profiles, and writes files that open in the tools operators already use.
+//!
+//! The data flows one way, and the modules follow it:
+//! [`probes`] (load and attach, read kernel maps) -> [`events`] (decode
+//! ring-buffer records) -> [`aggregate`] (count by thread and stack) ->
+//! [`report`] (symbolize, write folded/SVG/pprof/summary). [`session`]
+//! drives it for `attach` and `record`.
+
+pub mod aggregate;
+pub mod cli;
+pub mod duration;
+pub mod events;
+pub mod output;
+pub mod privileges;
+pub mod probes;
+pub mod report;
+pub mod session;
+pub mod target;
+pub mod tracefs;
+
+/// slotprof's version, as written into every summary.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,41 @@
+//! Can this process load BPF programs and open perf events?
+
+/// Capability bits (linux/capability.h).
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Fails with what to do when slotprof runs without root and without
+/// CAP_BPF + CAP_PERFMON.
+pub fn require_bpf() -> anyhow::Result<()> {
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(());
+    }
+    let caps = effective_caps().unwrap_or(0);
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if has(CAP_BPF) && has(CAP_PERFMON) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "slotprof".into());
+    anyhow::bail!(
+        "slotprof needs root, or CAP_BPF + CAP_PERFMON, to load its eBPF probes: \
+         run it with sudo, or grant them once with `sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep {exe}`"
+    )
+}
+
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Lifts RLIMIT_MEMLOCK: kernels before 5.11 charge BPF maps against it.
+pub fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // Failure is fine on kernels that account BPF memory to the cgroup.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}

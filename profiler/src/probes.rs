@@ -1,0 +1,236 @@
+//! Loading, configuring and attaching the eBPF programs, and reading the
+//! kernel maps they fill.
+//!
+//! Everything attached here is owned by [`Probes`]: dropping it detaches
+//! every link and unloads every program, on any exit path.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, TracePoint,
+    },
+    util::online_cpus,
+    Ebpf, EbpfLoader, Pod,
+};
+use profiler_ebpf::{counter, OffCpuStart, TracepointOffsets};
+use serde::Serialize;
+
+use crate::tracefs;
+
+/// The eBPF object built by build.rs from profiler-ebpf.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+
+/// What to trace.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Process to trace.
+    pub tgid: u32,
+    /// Off-CPU intervals shorter than this are not reported.
+    pub min_offcpu: Duration,
+    /// cpu-clock sampling frequency per CPU.
+    pub freq_hz: u64,
+}
+
+/// Whether one probe attached, for the summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeStatus {
+    pub program: &'static str,
+    /// What it is attached to: `sched:sched_switch`, `cpu-clock@99Hz`, ...
+    pub event: String,
+    pub attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The kernel-side counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Counters {
+    pub samples: u64,
+    pub offcpu_intervals: u64,
+    /// Records the ring buffer had no room for.
+    pub ring_full: u64,
+    /// Stacks the stack map could not store (full, or a hash collision).
+    pub stack_lost: u64,
+    /// Off-CPU starts the per-thread map could not store.
+    pub offcpu_start_lost: u64,
+}
+
+impl Counters {
+    /// Events that did not reach userspace whole.
+    pub fn lost(&self) -> u64 {
+        self.ring_full + self.stack_lost + self.offcpu_start_lost
+    }
+}
+
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct Offsets(TracepointOffsets);
+// SAFETY: repr(C) struct of u32s, no padding, any bit pattern valid.
+unsafe impl Pod for Offsets {}
+
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct Start(OffCpuStart);
+// SAFETY: repr(C) plain data, every bit pattern valid.
+unsafe impl Pod for Start {}
+
+/// The loaded and attached probes.
+pub struct Probes {
+    ebpf: Ebpf,
+    pub status: Vec<ProbeStatus>,
+}
+
+impl Probes {
+    /// Loads the object with `config` and attaches every probe it can. A
+    /// probe that fails to attach is recorded in `status`; failing to attach
+    /// any probe at all is an error.
+    pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
+        let tracefs = tracefs::ensure_mounted()?;
+        let offsets = Offsets(tracepoint_offsets(&tracefs)?);
+        let min_ns = config.min_offcpu.as_nanos() as u64;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("TARGET_TGID", &config.tgid, true)
+            .override_global("MIN_OFFCPU_NS", &min_ns, true)
+            .override_global("TP_OFFSETS", &offsets, true)
+            .load(OBJECT)
+            .context("loading slotprof's eBPF object failed (is this kernel built with CONFIG_BPF_SYSCALL and BTF?)")?;
+
+        let mut status = vec![
+            attach_cpu_clock(&mut ebpf, config.freq_hz),
+            attach_tracepoint(&mut ebpf, "slotprof_switch", &[("sched", "sched_switch")]),
+            // sched_waking runs in the waker's context; sched_wakeup may run
+            // on the target CPU from an IPI, where `current` is unrelated.
+            attach_tracepoint(
+                &mut ebpf,
+                "slotprof_waking",
+                &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
+            ),
+        ];
+        if status.iter().all(|s| !s.attached) {
+            let why: Vec<String> = status
+                .drain(..)
+                .map(|s| format!("{}: {}", s.event, s.error.unwrap_or_default()))
+                .collect();
+            bail!("no probe could be attached ({})", why.join("; "));
+        }
+        Ok(Self { ebpf, status })
+    }
+
+    /// The ring buffer every record arrives through (can be taken once).
+    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self.ebpf.take_map("EVENTS").context("EVENTS map missing")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// The kernel-side counters now.
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        let map = self.ebpf.map("COUNTERS").context("COUNTERS map missing")?;
+        let array: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
+        let read = |i: u32| -> anyhow::Result<u64> { Ok(array.get(&i, 0)?.iter().sum()) };
+        Ok(Counters {
+            samples: read(counter::SAMPLES)?,
+            offcpu_intervals: read(counter::OFFCPU_INTERVALS)?,
+            ring_full: read(counter::RING_FULL)?,
+            stack_lost: read(counter::STACK_LOST)?,
+            offcpu_start_lost: read(counter::OFFCPU_START_LOST)?,
+        })
+    }
+
+    /// The addresses of stack `id`, leaf first; `None` for an error id or a
+    /// stack the map no longer holds.
+    pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
+        if id < 0 {
+            return None;
+        }
+        let map = self.ebpf.map("STACKS")?;
+        let stacks = StackTraceMap::try_from(map).ok()?;
+        let trace = stacks.get(&(id as u32), 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Threads that are off-CPU right now, with where they went off.
+    pub fn in_flight_offcpu(&self) -> Vec<(u32, OffCpuStart)> {
+        let Some(map) = self.ebpf.map("OFFCPU_START") else {
+            return Vec::new();
+        };
+        let Ok(starts) = BpfHashMap::<_, u32, Start>::try_from(map) else {
+            return Vec::new();
+        };
+        starts.iter().filter_map(Result::ok).map(|(tid, s)| (tid, s.0)).collect()
+    }
+}
+
+fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {
+    let switch = tracefs::Format::read(tracefs, "sched", "sched_switch")?;
+    let waking = tracefs::Format::read(tracefs, "sched", "sched_waking")
+        .or_else(|_| tracefs::Format::read(tracefs, "sched", "sched_wakeup"))?;
+    let unsupported = |e: anyhow::Error| e.context("unsupported sched tracepoint layout on this kernel");
+    Ok(TracepointOffsets {
+        switch_prev_pid: switch.field("prev_pid", 4).map_err(unsupported)?.offset,
+        switch_prev_state: switch.field("prev_state", 8).map_err(unsupported)?.offset,
+        switch_next_pid: switch.field("next_pid", 4).map_err(unsupported)?.offset,
+        switch_next_comm: switch.field("next_comm", 16).map_err(unsupported)?.offset,
+        waking_pid: waking.field("pid", 4).map_err(unsupported)?.offset,
+        _pad: 0,
+    })
+}
+
+fn attach_cpu_clock(ebpf: &mut Ebpf, freq_hz: u64) -> ProbeStatus {
+    let name = "slotprof_cpu";
+    let event = format!("cpu-clock@{freq_hz}Hz");
+    let result = (|| -> anyhow::Result<()> {
+        let prog: &mut PerfEvent = ebpf.program_mut(name).context("program missing")?.try_into()?;
+        prog.load()?;
+        let cpus = online_cpus().map_err(|(_, e)| e)?;
+        for cpu in cpus {
+            prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(freq_hz),
+                false,
+            )
+            .with_context(|| format!("perf_event_open(cpu-clock) on CPU {cpu}"))?;
+        }
+        Ok(())
+    })();
+    status(name, event, result)
+}
+
+/// Attaches `program` to the first of `candidates` that exists.
+fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str, &str)]) -> ProbeStatus {
+    let mut last = None;
+    let loaded = (|| -> anyhow::Result<()> {
+        let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
+        prog.load()?;
+        Ok(())
+    })();
+    if let Err(e) = loaded {
+        return status(program, format!("{}:{}", candidates[0].0, candidates[0].1), Err(e));
+    }
+    for (category, name) in candidates {
+        let event = format!("{category}:{name}");
+        let prog: &mut TracePoint = match ebpf.program_mut(program).map(TryInto::try_into) {
+            Some(Ok(p)) => p,
+            _ => break,
+        };
+        match prog.attach(category, name) {
+            Ok(_) => return status(program, event, Ok(())),
+            Err(e) => last = Some((event, anyhow::Error::from(e))),
+        }
+    }
+    let (event, err) = last.unwrap_or_else(|| (String::new(), anyhow::anyhow!("no tracepoint to attach to")));
+    status(program, event, Err(err))
+}
+
+fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> ProbeStatus {
+    ProbeStatus {
+        program,
+        event,
+        attached: result.is_ok(),
+        error: result.err().map(|e| format!("{e:#}")),
+    }
+}

@@ -1,0 +1,323 @@
+//! One profiling session: attach, collect until told to stop, write.
+
+use std::{
+    io::{IsTerminal, Write},
+    os::fd::{AsRawFd, OwnedFd},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use flamegraphs::pprof::{ProfileMeta, SampleType};
+use profiler_ebpf::{EventKind, OffCpuInterval};
+use symbolizer::Symbolizer;
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+
+use crate::{
+    aggregate::{Aggregator, StackTable},
+    events,
+    probes::{ProbeConfig, Probes},
+    report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
+    target::Target,
+};
+
+/// How a session runs.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Stop after this long; `None` runs until Ctrl-C or the target exits.
+    pub duration: Option<Duration>,
+    pub freq_hz: u64,
+    pub min_offcpu: Duration,
+    pub out: PathBuf,
+    /// "attach" or "record", for the summary.
+    pub command: &'static str,
+}
+
+/// A process started by `record`, held before `exec` until the probes are in.
+pub struct HeldChild {
+    pub child: tokio::process::Child,
+    /// Writing a byte here lets the child exec.
+    pub release: OwnedFd,
+}
+
+/// What a finished session produced.
+pub struct Outcome {
+    pub summary: Summary,
+    pub summary_path: PathBuf,
+}
+
+enum Stop {
+    Duration,
+    Interrupted,
+    TargetExited,
+}
+
+/// Runs a session against `target` (and, for `record`, its held child).
+pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<HeldChild>) -> anyhow::Result<Outcome> {
+    let mut probes = Probes::load(&ProbeConfig {
+        tgid: target.pid,
+        min_offcpu: opts.min_offcpu,
+        freq_hz: opts.freq_hz,
+    })?;
+    let ring = probes.take_events()?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
+    // owns the ring buffer.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    let started = Instant::now();
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+
+    if let Some(h) = &held {
+        let byte = [1u8];
+        let n = unsafe { libc::write(h.release.as_raw_fd(), byte.as_ptr().cast(), 1) };
+        if n != 1 {
+            anyhow::bail!("could not start the command: {}", std::io::Error::last_os_error());
+        }
+        target = wait_for_exec(&target).await;
+    }
+    let mut sym = Symbolizer::new();
+    sym.track_process(target.pid)
+        .with_context(|| format!("cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)", target.pid))?;
+    let fp_scan = target
+        .exe
+        .as_deref()
+        .and_then(|exe| symbolizer::frame_pointers::scan(exe).ok());
+
+    let progress = std::io::stderr().is_terminal();
+    let mut agg = Aggregator::new();
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut ticks = 0u64;
+    let mut exited_after = None;
+
+    let stop = loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                drain(guard.get_inner_mut(), &mut agg);
+                guard.clear_ready();
+            }
+            _ = sleep_until(deadline) => break Stop::Duration,
+            _ = sigint.recv() => break Stop::Interrupted,
+            _ = sigterm.recv() => break Stop::Interrupted,
+            status = wait_child(&mut held) => {
+                let _ = status;
+                exited_after = Some(started.elapsed());
+                break Stop::TargetExited;
+            }
+            _ = tick.tick() => {
+                ticks += 1;
+                if held.is_none() && !target.is_alive() {
+                    exited_after = Some(started.elapsed());
+                    break Stop::TargetExited;
+                }
+                if ticks % 8 == 0 {
+                    // New libraries may have been mapped since the last look.
+                    let _ = sym.track_process(target.pid);
+                }
+                if progress && ticks % 4 == 0 {
+                    let lost = probes.counters().map(|c| c.lost()).unwrap_or(0);
+                    show_progress(started.elapsed(), opts.duration, &agg, lost);
+                }
+            }
+        }
+    };
+    let elapsed = started.elapsed();
+    drain(ring.get_mut(), &mut agg);
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+
+    // Threads of a live target that are off-CPU right now: their interval so
+    // far counts too, or a thread asleep for the whole session would be missing.
+    let target_alive = exited_after.is_none() && target.is_alive();
+    if target_alive {
+        let now = monotonic_ns();
+        for (tid, start) in probes.in_flight_offcpu() {
+            let alive = std::path::Path::new(&format!("/proc/{}/task/{tid}", target.pid)).exists();
+            if start.tgid != target.pid || !alive || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64 {
+                continue;
+            }
+            let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
+            let mut c = [0u8; 16];
+            let b = comm.trim_end().as_bytes();
+            c[..b.len().min(15)].copy_from_slice(&b[..b.len().min(15)]);
+            agg.interval(
+                &OffCpuInterval {
+                    kind: EventKind::OffCpu as u32,
+                    cpu: 0,
+                    start_ns: start.start_ns,
+                    end_ns: now,
+                    tgid: start.tgid,
+                    tid,
+                    user_stack_id: start.user_stack_id,
+                    kernel_stack_id: start.kernel_stack_id,
+                    state: start.state,
+                    waker_tid: 0,
+                    waker_tgid: 0,
+                    _pad: 0,
+                    comm: c,
+                    waker_comm: [0; 16],
+                },
+                true,
+            );
+        }
+    }
+
+    let counters = probes.counters()?;
+    let stacks: StackTable = agg
+        .stack_ids()
+        .into_iter()
+        .filter_map(|id| probes.stack(id).map(|s| (id, s)))
+        .collect();
+    let probe_status = probes.status.clone();
+    // Detach and unload now: nothing below needs the kernel side.
+    drop(ring);
+    drop(probes);
+
+    let profiles = agg.resolve(&stacks, &mut sym);
+    let subtitle = format!(
+        "{} (pid {}), {:.1} s at {} Hz, slotprof {}",
+        target.comm,
+        target.pid,
+        elapsed.as_secs_f64(),
+        opts.freq_hz,
+        crate::VERSION
+    );
+    let meta = ProfileMeta {
+        time_nanos: started_unix.as_nanos() as i64,
+        duration_nanos: elapsed.as_nanos() as i64,
+        period_type: Some(SampleType::new("cpu", "nanoseconds")),
+        period: (1_000_000_000 / opts.freq_hz.max(1)) as i64,
+        comments: vec![subtitle.clone()],
+    };
+    let written = report::write_profiles(&opts.out, &profiles, &meta, &subtitle)?;
+
+    let frame_pointers = FramePointers::judge(target.exe.clone(), fp_scan, profiles.median_user_depth);
+    let mut warnings = Vec::new();
+    if let Some(advice) = &frame_pointers.advice {
+        warnings.push(advice.clone());
+    }
+    let lost = Lost::new(&counters, agg.malformed);
+    if lost.total > 0 {
+        warnings.push(format!(
+            "{} events were lost (ring buffer full: {}, stacks: {}, off-CPU map full: {}): \
+             lower --freq or raise --min-offcpu",
+            lost.total, lost.ring_buffer_full, lost.stacks, lost.offcpu_map_full
+        ));
+    }
+    for p in probe_status.iter().filter(|p| !p.attached) {
+        warnings.push(format!(
+            "probe {} on {} did not attach: {}",
+            p.program,
+            p.event,
+            p.error.as_deref().unwrap_or("unknown error")
+        ));
+    }
+    if let Some(after) = exited_after {
+        warnings.push(format!(
+            "the target exited {:.1} s into the session; the profile covers the time it ran",
+            after.as_secs_f64()
+        ));
+    }
+    let summary_path = opts.out.join("summary.json");
+    let mut outputs: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    outputs.push(summary_path.display().to_string());
+    let summary = Summary {
+        slotprof_version: crate::VERSION,
+        kernel: report::kernel_release(),
+        command: opts.command,
+        target: TargetSummary {
+            pid: target.pid,
+            comm: target.comm.clone(),
+            exe: target.exe.clone(),
+            exited: exited_after.is_some(),
+            exited_after_s: exited_after.map(|d| d.as_secs_f64()),
+        },
+        duration_s: elapsed.as_secs_f64(),
+        ended_by: match stop {
+            Stop::Duration => "duration",
+            Stop::Interrupted => "interrupted",
+            Stop::TargetExited => "target exited",
+        },
+        freq_hz: opts.freq_hz,
+        min_offcpu_ms: opts.min_offcpu.as_secs_f64() * 1e3,
+        probes: probe_status,
+        counts: Counts {
+            oncpu_samples: agg.samples,
+            offcpu_intervals: agg.offcpu_intervals,
+            offcpu_ns: agg.offcpu_ns,
+            oncpu_stacks: profiles.oncpu.len(),
+            offcpu_stacks: profiles.offcpu.len(),
+            kernel_samples: counters.samples,
+        },
+        lost,
+        frame_pointers,
+        threads: agg.threads().into_iter().take(64).collect(),
+        longest_offcpu: agg.longest_intervals().to_vec(),
+        outputs,
+        warnings,
+    };
+    let json = serde_json::to_vec_pretty(&summary)?;
+    crate::output::write_atomic(&summary_path, &json)?;
+    Ok(Outcome { summary, summary_path })
+}
+
+/// After releasing a held child: its view once it has exec'd the command
+/// (its executable is no longer slotprof's), or as it is after 2 s.
+async fn wait_for_exec(held: &Target) -> Target {
+    for _ in 0..400 {
+        if let Ok(now) = Target::from_pid(held.pid) {
+            if now.exe != held.exe {
+                return now;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
+}
+
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, agg: &mut Aggregator) {
+    while let Some(item) = ring.next() {
+        match events::decode(&item) {
+            Some(event) => agg.ingest(&event),
+            None => agg.malformed += 1,
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_child(held: &mut Option<HeldChild>) -> std::io::Result<std::process::ExitStatus> {
+    match held {
+        Some(h) => h.child.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn show_progress(elapsed: Duration, total: Option<Duration>, agg: &Aggregator, lost: u64) {
+    let of = total.map(|t| format!("/{:.0}s", t.as_secs_f64())).unwrap_or_default();
+    eprint!(
+        "\r\x1b[Kslotprof: {:.0}s{of}  samples {}  off-CPU {}  lost {}",
+        elapsed.as_secs_f64(),
+        agg.samples,
+        agg.offcpu_intervals,
+        lost
+    );
+    let _ = std::io::stderr().flush();
+}

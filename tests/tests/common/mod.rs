@@ -1,0 +1,84 @@
+//! Helpers for the end-to-end tests: finding binaries, running slotprof,
+//! reading its outputs, and making sure root-only tests say why they skip.
+
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::{Mutex, MutexGuard},
+};
+
+/// End-to-end tests share the kernel (probes, program lists): one at a time.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+/// Takes the kernel for one test, or returns `None` after printing why the
+/// test cannot run here (it then counts as skipped, not passed: the test is
+/// `#[ignore]`d unless run as root by `cargo xtask test`).
+pub fn kernel() -> Option<MutexGuard<'static, ()>> {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root (loads eBPF programs); run `sudo cargo xtask test`");
+        return None;
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        eprintln!("SKIPPED: this kernel has no BTF (/sys/kernel/btf/vmlinux)");
+        return None;
+    }
+    Some(KERNEL.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// A binary of this package (a stall program).
+pub fn stall_program(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_stall-spin-sleep")).parent().unwrap();
+    dir.join(name)
+}
+
+/// The slotprof binary, built next to the stall programs.
+pub fn slotprof() -> PathBuf {
+    let p = stall_program("slotprof");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (`cargo build --release -p profiler`; `cargo xtask test` does)",
+        p.display()
+    );
+    p
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("slotprof-e2e-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs slotprof with `args` and returns its output, echoing it for the test log.
+pub fn run_slotprof(args: &[&str]) -> Output {
+    let out = Command::new(slotprof()).args(args).output().expect("run slotprof");
+    eprintln!(
+        "slotprof {args:?} -> {}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn read_folded(path: &Path) -> flamegraphs::Folded {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    flamegraphs::Folded::parse(&text).unwrap()
+}
+
+/// Names of loaded BPF programs that are slotprof's.
+pub fn loaded_slotprof_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| n.starts_with("slotprof_"))
+        .collect()
+}

@@ -1,0 +1,198 @@
+//! The spine under real probes: a stall program with a known hot function
+//! and a known blocking call, profiled by the real slotprof binary.
+//!
+//! Every test needs root and BTF; they are `#[ignore]`d so that a plain
+//! `cargo test` as a normal user lists them as skipped. `cargo xtask test`
+//! runs them with `--include-ignored` when it runs as root.
+
+mod common;
+
+use std::{
+    io::Read,
+    os::unix::process::CommandExt,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use pprof::protos::Message;
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn hot_function_and_blocking_call_are_where_the_program_says() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("spine");
+    let report = dir.join("report.json");
+    let out = dir.join("out");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        stall_program("stall-spin-sleep").to_str().unwrap(),
+        "--seconds",
+        "4",
+        "--sleep-ms",
+        "20",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let truth = read_json(&report);
+
+    // On-CPU: the spinning function holds most of the program's samples.
+    let on = read_folded(&out.join("oncpu.folded"));
+    let total = on.total();
+    let hot = on.total_where(|f| f.ends_with("hot_spin"));
+    assert!(total > 50, "too few samples to judge: {total}");
+    let share = hot as f64 / total as f64;
+    assert!(share >= 0.6, "hot_spin has {hot} of {total} samples ({share:.2})");
+    // Root frames are thread names.
+    assert!(on.iter().any(|(s, _)| s.starts_with("hot;")), "{}", on.to_text());
+
+    // Off-CPU: the sleeping function's stacks carry what the program slept.
+    let off = read_folded(&out.join("offcpu.folded"));
+    let blocked = off.total_where(|f| f.ends_with("blocking_sleep")) as f64;
+    let slept = truth["slept_ns"].as_f64().unwrap();
+    let ratio = blocked / slept;
+    assert!(
+        (0.8..=1.2).contains(&ratio),
+        "blocking_sleep off-CPU {:.1} ms vs {:.1} ms slept (ratio {ratio:.3})",
+        blocked / 1e6,
+        slept / 1e6
+    );
+    // Its kernel half is named too.
+    assert!(off.iter().any(|(s, _)| s.contains("blocking_sleep") && s.contains("_[k]")));
+
+    let summary = read_json(&out.join("summary.json"));
+    assert_eq!(summary["frame_pointers"]["present"], true);
+    assert_eq!(summary["lost"]["total"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn pprof_totals_equal_folded_totals() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("pprof");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        dir.to_str().unwrap(),
+        "--",
+        stall_program("stall-spin-sleep").to_str().unwrap(),
+        "--seconds",
+        "2",
+    ]);
+    assert!(o.status.success());
+    let mut raw = Vec::new();
+    let gz = std::fs::read(dir.join("profile.pb.gz")).unwrap();
+    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    let p = pprof::protos::Profile::decode(&raw[..]).expect("profile.pb.gz decodes");
+    let types: Vec<(&str, &str)> = p
+        .sample_type
+        .iter()
+        .map(|t| (p.string_table[t.ty as usize].as_str(), p.string_table[t.unit as usize].as_str()))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("offcpu", "nanoseconds")]);
+    let col = |i: usize| p.sample.iter().map(|s| s.value[i] as u64).sum::<u64>();
+    let on = read_folded(&dir.join("oncpu.folded")).total();
+    let off = read_folded(&dir.join("offcpu.folded")).total();
+    assert!(on > 0 && off > 0);
+    assert_eq!(col(0), on);
+    assert_eq!(col(1), off);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attach_to_a_missing_pid_fails_in_one_line() {
+    // Needs no privileges: the pid is checked first.
+    let o = run_slotprof(&["attach", "--pid", "999999999", "--duration", "1s"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("no process with pid 999999999"), "{err}");
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn target_exiting_mid_session_keeps_what_it_ran() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("exit");
+    let mut child = Command::new(stall_program("stall-spin-sleep"))
+        .args(["--seconds", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let pid = child.id().to_string();
+    let o = run_slotprof(&["attach", "--pid", &pid, "--duration", "60s", "--out", dir.to_str().unwrap()]);
+    let _ = child.wait();
+    assert!(o.status.success());
+    assert!(t.elapsed() < Duration::from_secs(30), "did not stop when the target exited");
+    let s = read_json(&dir.join("summary.json"));
+    assert_eq!(s["target"]["exited"], true, "{s}");
+    assert_eq!(s["ended_by"], "target exited");
+    assert!(read_folded(&dir.join("oncpu.folded")).total_where(|f| f.ends_with("hot_spin")) > 0);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exited"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn not_root_is_told_what_to_do() {
+    let Some(_k) = kernel() else { return };
+    let o = Command::new(slotprof())
+        .args(["attach", "--pid", &std::process::id().to_string(), "--duration", "1s"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("{err}");
+    assert!(!o.status.success());
+    assert!(err.contains("root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn no_programs_stay_loaded_after_the_end_or_sigint() {
+    let Some(_k) = kernel() else { return };
+    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "left over from before this test");
+    let dir = scratch("detach");
+    let mut target = Command::new(stall_program("stall-spin-sleep"))
+        .args(["--seconds", "30"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id().to_string();
+
+    // A normal end.
+    let o = run_slotprof(&["attach", "--pid", &pid, "--duration", "1s", "--out", dir.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "after a normal end");
+
+    // SIGINT in the middle: outputs still written, programs gone.
+    let out2 = dir.join("sigint");
+    let mut sp = Command::new(slotprof())
+        .args(["attach", "--pid", &pid, "--duration", "60s", "--out", out2.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while loaded_slotprof_programs().len() < 3 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!loaded_slotprof_programs().is_empty(), "slotprof never attached");
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(sp.id() as i32, libc::SIGINT) };
+    let status = sp.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "after SIGINT");
+    let s = read_json(&out2.join("summary.json"));
+    assert_eq!(s["ended_by"], "interrupted");
+
+    let _ = target.kill();
+    let _ = target.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
