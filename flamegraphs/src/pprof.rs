@@ -173,7 +173,9 @@ mod tests {
         );
         let bytes = encode_gzip(&p).unwrap();
         let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut raw).unwrap();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_end(&mut raw)
+            .unwrap();
         let back = Profile::decode(&raw[..]).unwrap();
         let total = |i: usize| back.sample.iter().map(|s| s.value[i]).sum::<i64>();
         assert_eq!(total(0), 8);

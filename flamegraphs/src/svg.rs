@@ -48,7 +48,10 @@ pub fn render(folded: &Folded, opts: &SvgOptions) -> anyhow::Result<Vec<u8>> {
 }
 
 fn empty_svg(title: &str) -> String {
-    let title = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let title = title
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
     format!(
         "<?xml version=\"1.0\" standalone=\"no\"?>\n\
          <svg version=\"1.1\" width=\"600\" height=\"60\" xmlns=\"http://www.w3.org/2000/svg\">\n\

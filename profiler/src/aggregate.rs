@@ -163,7 +163,11 @@ impl Aggregator {
     /// Per-thread totals, busiest first.
     pub fn threads(&self) -> Vec<ThreadTotals> {
         let mut v: Vec<_> = self.threads.values().cloned().collect();
-        v.sort_by(|a, b| (b.samples, b.offcpu_ns).cmp(&(a.samples, a.offcpu_ns)).then(a.tid.cmp(&b.tid)));
+        v.sort_by(|a, b| {
+            (b.samples, b.offcpu_ns)
+                .cmp(&(a.samples, a.offcpu_ns))
+                .then(a.tid.cmp(&b.tid))
+        });
         v
     }
 
@@ -174,7 +178,11 @@ impl Aggregator {
 
     /// Names every counted stack and builds the folded profiles.
     pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Profiles {
-        let mut names = StackNamer { stacks, sym, cache: HashMap::new() };
+        let mut names = StackNamer {
+            stacks,
+            sym,
+            cache: HashMap::new(),
+        };
         let mut oncpu = Folded::new();
         let mut depths = Vec::new();
         for (key, &count) in &self.oncpu {
@@ -237,7 +245,11 @@ impl StackNamer<'_> {
                 } else {
                     self.sym.user_frame(tgid, addr, i > 0)
                 };
-                leaf_first.extend(names.into_iter().map(|n| if kernel { format!("{n}_[k]") } else { n }));
+                leaf_first.extend(
+                    names
+                        .into_iter()
+                        .map(|n| if kernel { format!("{n}_[k]") } else { n }),
+                );
             }
             leaf_first.reverse();
             leaf_first

@@ -6,7 +6,9 @@ use std::time::Duration;
 /// number is seconds.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .parse()
@@ -18,7 +20,11 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         "" | "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m or h"
+            ))
+        }
     };
     let secs = value * scale;
     if !secs.is_finite() || secs < 0.0 {

@@ -91,7 +91,9 @@ fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
     let gate = read_end.as_raw_fd();
     let me = std::env::current_exe().context("cannot find slotprof's own executable")?;
     let mut cmd = tokio::process::Command::new(me);
-    cmd.args(argv).env(HELD_FD_ENV, gate.to_string()).kill_on_drop(true);
+    cmd.args(argv)
+        .env(HELD_FD_ENV, gate.to_string())
+        .kill_on_drop(true);
     // SAFETY: only async-signal-safe calls (fcntl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -132,7 +134,10 @@ fn exec_when_released(fd: Option<i32>) -> ExitCode {
         .args(&argv[1..])
         .env_remove(HELD_FD_ENV)
         .exec();
-    eprintln!("slotprof: error: cannot run `{}`: {err} (is it on PATH and executable?)", argv[0]);
+    eprintln!(
+        "slotprof: error: cannot run `{}`: {err} (is it on PATH and executable?)",
+        argv[0]
+    );
     ExitCode::from(127)
 }
 

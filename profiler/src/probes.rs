@@ -160,7 +160,11 @@ impl Probes {
         let Ok(starts) = BpfHashMap::<_, u32, Start>::try_from(map) else {
             return Vec::new();
         };
-        starts.iter().filter_map(Result::ok).map(|(tid, s)| (tid, s.0)).collect()
+        starts
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(tid, s)| (tid, s.0))
+            .collect()
     }
 }
 
@@ -209,7 +213,11 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str
         Ok(())
     })();
     if let Err(e) = loaded {
-        return status(program, format!("{}:{}", candidates[0].0, candidates[0].1), Err(e));
+        return status(
+            program,
+            format!("{}:{}", candidates[0].0, candidates[0].1),
+            Err(e),
+        );
     }
     for (category, name) in candidates {
         let event = format!("{category}:{name}");

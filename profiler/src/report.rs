@@ -131,8 +131,14 @@ impl FramePointers {
 
 /// Writes the flamegraphs, the folded stacks and the pprof profile into
 /// `dir`, and returns the paths written.
-pub fn write_profiles(dir: &Path, p: &Profiles, meta: &ProfileMeta, subtitle: &str) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
+pub fn write_profiles(
+    dir: &Path,
+    p: &Profiles,
+    meta: &ProfileMeta,
+    subtitle: &str,
+) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
     let mut written = Vec::new();
     let mut put = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
         let path = dir.join(name);
@@ -173,6 +179,11 @@ pub fn kernel_release() -> String {
     if unsafe { libc::uname(&mut u) } != 0 {
         return "unknown".into();
     }
-    let bytes: Vec<u8> = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -53,7 +53,11 @@ enum Stop {
 }
 
 /// Runs a session against `target` (and, for `record`, its held child).
-pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<HeldChild>) -> anyhow::Result<Outcome> {
+pub async fn run(
+    opts: &SessionOptions,
+    mut target: Target,
+    mut held: Option<HeldChild>,
+) -> anyhow::Result<Outcome> {
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         min_offcpu: opts.min_offcpu,
@@ -78,8 +82,12 @@ pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<Hel
         target = wait_for_exec(&target).await;
     }
     let mut sym = Symbolizer::new();
-    sym.track_process(target.pid)
-        .with_context(|| format!("cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)", target.pid))?;
+    sym.track_process(target.pid).with_context(|| {
+        format!(
+            "cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)",
+            target.pid
+        )
+    })?;
     let fp_scan = target
         .exe
         .as_deref()
@@ -115,11 +123,12 @@ pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<Hel
                     exited_after = Some(started.elapsed());
                     break Stop::TargetExited;
                 }
-                if ticks % 8 == 0 {
-                    // New libraries may have been mapped since the last look.
+                if ticks <= 8 || ticks.is_multiple_of(4) {
+                    // New libraries may have been mapped since the last look
+                    // (often, right after start; then once a second).
                     let _ = sym.track_process(target.pid);
                 }
-                if progress && ticks % 4 == 0 {
+                if progress && ticks.is_multiple_of(4) {
                     let lost = probes.counters().map(|c| c.lost()).unwrap_or(0);
                     show_progress(started.elapsed(), opts.duration, &agg, lost);
                 }
@@ -139,10 +148,14 @@ pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<Hel
         let now = monotonic_ns();
         for (tid, start) in probes.in_flight_offcpu() {
             let alive = std::path::Path::new(&format!("/proc/{}/task/{tid}", target.pid)).exists();
-            if start.tgid != target.pid || !alive || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64 {
+            if start.tgid != target.pid
+                || !alive
+                || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64
+            {
                 continue;
             }
-            let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
+            let comm =
+                std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
             let mut c = [0u8; 16];
             let b = comm.trim_end().as_bytes();
             c[..b.len().min(15)].copy_from_slice(&b[..b.len().min(15)]);
@@ -264,7 +277,10 @@ pub async fn run(opts: &SessionOptions, mut target: Target, mut held: Option<Hel
     };
     let json = serde_json::to_vec_pretty(&summary)?;
     crate::output::write_atomic(&summary_path, &json)?;
-    Ok(Outcome { summary, summary_path })
+    Ok(Outcome {
+        summary,
+        summary_path,
+    })
 }
 
 /// After releasing a held child: its view once it has exec'd the command
@@ -305,13 +321,18 @@ async fn wait_child(held: &mut Option<HeldChild>) -> std::io::Result<std::proces
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn show_progress(elapsed: Duration, total: Option<Duration>, agg: &Aggregator, lost: u64) {
-    let of = total.map(|t| format!("/{:.0}s", t.as_secs_f64())).unwrap_or_default();
+    let of = total
+        .map(|t| format!("/{:.0}s", t.as_secs_f64()))
+        .unwrap_or_default();
     eprint!(
         "\r\x1b[Kslotprof: {:.0}s{of}  samples {}  off-CPU {}  lost {}",
         elapsed.as_secs_f64(),

@@ -60,7 +60,9 @@ impl Format {
         let mut fields = Vec::new();
         for line in text.lines() {
             let line = line.trim();
-            let Some(rest) = line.strip_prefix("field:") else { continue };
+            let Some(rest) = line.strip_prefix("field:") else {
+                continue;
+            };
             let mut parts = rest.split(';').map(str::trim);
             let Some(decl) = parts.next() else { continue };
             let mut offset = None;
@@ -88,7 +90,10 @@ impl Format {
             bail!("this kernel's tracepoint has no field `{name}`");
         };
         if f.size != size {
-            bail!("field `{name}` is {} bytes on this kernel, slotprof reads {size}", f.size);
+            bail!(
+                "field `{name}` is {} bytes on this kernel, slotprof reads {size}",
+                f.size
+            );
         }
         Ok(*f)
     }

@@ -57,7 +57,12 @@ impl ProcessMaps {
         let mut kept: Vec<Mapping> = self
             .mappings
             .drain(..)
-            .filter(|old| !newer.mappings.iter().any(|m| m.start < old.end && old.start < m.end))
+            .filter(|old| {
+                !newer
+                    .mappings
+                    .iter()
+                    .any(|m| m.start < old.end && old.start < m.end)
+            })
             .collect();
         self.mappings = newer.mappings;
         self.mappings.append(&mut kept);
@@ -127,7 +132,10 @@ mod tests {
     fn parses_paths_with_spaces_pseudo_and_deleted() {
         let maps = parse(SAMPLE);
         assert_eq!(maps.len(), 5);
-        assert_eq!(maps[1].path.as_deref(), Some(std::path::Path::new("/usr/bin/my prog")));
+        assert_eq!(
+            maps[1].path.as_deref(),
+            Some(std::path::Path::new("/usr/bin/my prog"))
+        );
         assert_eq!(maps[1].file_offset, 0x2c000);
         assert!(maps[1].executable && !maps[0].executable);
         assert_eq!(maps[2].label, "[anon]");

@@ -60,7 +60,11 @@ impl Symbolizer {
     /// stack's first: a return address points after the call, so one byte
     /// back is looked up to stay inside the caller's call instruction.
     pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Vec<String> {
-        let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+        let lookup = if is_return_address {
+            addr.saturating_sub(1)
+        } else {
+            addr
+        };
         let Some(mapping) = self.processes.get(&pid).and_then(|m| m.find(lookup)) else {
             return vec![format!("[unknown] {addr:#x}")];
         };
@@ -84,7 +88,11 @@ impl Symbolizer {
 
     /// Frames for a kernel address, innermost first (see [`Self::user_frame`]).
     pub fn kernel_frame(&mut self, addr: u64, is_return_address: bool) -> Vec<String> {
-        let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+        let lookup = if is_return_address {
+            addr.saturating_sub(1)
+        } else {
+            addr
+        };
         if let Some(frames) = self.kernel_cache.get(&lookup) {
             return frames.clone();
         }
@@ -123,7 +131,9 @@ mod tests {
         let addr = a_function_with_a_recognizable_name as *const () as u64;
         let frames = s.user_frame(pid, addr, false);
         assert!(
-            frames.iter().any(|f| f.contains("a_function_with_a_recognizable_name")),
+            frames
+                .iter()
+                .any(|f| f.contains("a_function_with_a_recognizable_name")),
             "{frames:?}"
         );
         assert_eq!(s.user_frame(pid, 0x10, false), vec!["[unknown] 0x10".to_string()]);

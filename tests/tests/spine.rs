@@ -62,7 +62,9 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
         slept / 1e6
     );
     // Its kernel half is named too.
-    assert!(off.iter().any(|(s, _)| s.contains("blocking_sleep") && s.contains("_[k]")));
+    assert!(off
+        .iter()
+        .any(|(s, _)| s.contains("blocking_sleep") && s.contains("_[k]")));
 
     let summary = read_json(&out.join("summary.json"));
     assert_eq!(summary["frame_pointers"]["present"], true);
@@ -87,12 +89,19 @@ fn pprof_totals_equal_folded_totals() {
     assert!(o.status.success());
     let mut raw = Vec::new();
     let gz = std::fs::read(dir.join("profile.pb.gz")).unwrap();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .unwrap();
     let p = pprof::protos::Profile::decode(&raw[..]).expect("profile.pb.gz decodes");
     let types: Vec<(&str, &str)> = p
         .sample_type
         .iter()
-        .map(|t| (p.string_table[t.ty as usize].as_str(), p.string_table[t.unit as usize].as_str()))
+        .map(|t| {
+            (
+                p.string_table[t.ty as usize].as_str(),
+                p.string_table[t.unit as usize].as_str(),
+            )
+        })
         .collect();
     assert_eq!(types, [("samples", "count"), ("offcpu", "nanoseconds")]);
     let col = |i: usize| p.sample.iter().map(|s| s.value[i] as u64).sum::<u64>();
@@ -127,10 +136,21 @@ fn target_exiting_mid_session_keeps_what_it_ran() {
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     let pid = child.id().to_string();
-    let o = run_slotprof(&["attach", "--pid", &pid, "--duration", "60s", "--out", dir.to_str().unwrap()]);
+    let o = run_slotprof(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "60s",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     let _ = child.wait();
     assert!(o.status.success());
-    assert!(t.elapsed() < Duration::from_secs(30), "did not stop when the target exited");
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "did not stop when the target exited"
+    );
     let s = read_json(&dir.join("summary.json"));
     assert_eq!(s["target"]["exited"], true, "{s}");
     assert_eq!(s["ended_by"], "target exited");
@@ -144,7 +164,13 @@ fn target_exiting_mid_session_keeps_what_it_ran() {
 fn not_root_is_told_what_to_do() {
     let Some(_k) = kernel() else { return };
     let o = Command::new(slotprof())
-        .args(["attach", "--pid", &std::process::id().to_string(), "--duration", "1s"])
+        .args([
+            "attach",
+            "--pid",
+            &std::process::id().to_string(),
+            "--duration",
+            "1s",
+        ])
         .uid(65534)
         .gid(65534)
         .output()
@@ -152,14 +178,21 @@ fn not_root_is_told_what_to_do() {
     let err = String::from_utf8_lossy(&o.stderr);
     eprintln!("{err}");
     assert!(!o.status.success());
-    assert!(err.contains("root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert!(
+        err.contains("root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
+        "{err}"
+    );
 }
 
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn no_programs_stay_loaded_after_the_end_or_sigint() {
     let Some(_k) = kernel() else { return };
-    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "left over from before this test");
+    assert_eq!(
+        loaded_slotprof_programs(),
+        Vec::<String>::new(),
+        "left over from before this test"
+    );
     let dir = scratch("detach");
     let mut target = Command::new(stall_program("stall-spin-sleep"))
         .args(["--seconds", "30"])
@@ -169,14 +202,34 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
     let pid = target.id().to_string();
 
     // A normal end.
-    let o = run_slotprof(&["attach", "--pid", &pid, "--duration", "1s", "--out", dir.to_str().unwrap()]);
+    let o = run_slotprof(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "1s",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(o.status.success());
-    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "after a normal end");
+    assert_eq!(
+        loaded_slotprof_programs(),
+        Vec::<String>::new(),
+        "after a normal end"
+    );
 
     // SIGINT in the middle: outputs still written, programs gone.
     let out2 = dir.join("sigint");
     let mut sp = Command::new(slotprof())
-        .args(["attach", "--pid", &pid, "--duration", "60s", "--out", out2.to_str().unwrap()])
+        .args([
+            "attach",
+            "--pid",
+            &pid,
+            "--duration",
+            "60s",
+            "--out",
+            out2.to_str().unwrap(),
+        ])
         .spawn()
         .unwrap();
     let t = Instant::now();

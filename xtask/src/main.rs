@@ -1,1 +1,148 @@
-fn main(){}
+//! `cargo xtask`: everything that is not plain cargo.
+//!
+//! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
+//! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
+//! - `cargo xtask test`:  set up, build, fmt + clippy, every test (root tests when root).
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::run(&root()),
+        Some("build") => setup::run(&root()).and_then(|_| build(&root())),
+        Some("demo") => demo(&root()),
+        Some("test") => test(&root()),
+        _ => {
+            eprintln!("usage: cargo xtask <setup|build|demo|test>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace, failing with its name when it fails.
+pub fn run(root: &Path, program: &str, args: &[&str]) -> anyhow::Result<()> {
+    eprintln!("xtask: $ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn build(root: &Path) -> anyhow::Result<()> {
+    run(root, "cargo", &["build", "--release", "--workspace", "--bins"])
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no failure mode.
+    unsafe { geteuid() == 0 }
+}
+
+extern "C" {
+    fn geteuid() -> u32;
+}
+
+/// Profiles the built-in workload (a hot function and a blocking call)
+/// with `slotprof attach` and leaves the outputs in ./slotprof-demo/.
+fn demo(root: &Path) -> anyhow::Result<()> {
+    setup::run(root)?;
+    build(root)?;
+    let bin = root.join("target/release");
+    let out = root.join("slotprof-demo");
+    let mut workload = Command::new(bin.join("stall-spin-sleep"))
+        .args(["--seconds", "12", "--report"])
+        .arg(out.join("workload.json"))
+        .spawn()
+        .context("cannot start the demo workload")?;
+    std::fs::create_dir_all(&out)?;
+    if !is_root() {
+        eprintln!("xtask: slotprof needs root (or CAP_BPF + CAP_PERFMON); expect it to say so");
+    }
+    let status = Command::new(bin.join("slotprof"))
+        .args([
+            "attach",
+            "--pid",
+            &workload.id().to_string(),
+            "--duration",
+            "10s",
+            "--out",
+        ])
+        .arg(&out)
+        .status();
+    let _ = workload.wait();
+    if !status.context("cannot run slotprof")?.success() {
+        bail!("slotprof failed (see above)");
+    }
+    println!("\nThe demo workload (stall-spin-sleep) spun in `hot_spin` and slept in `blocking_sleep`.");
+    println!("Its profile is in {}/:", out.display());
+    println!("  oncpu.svg, offcpu.svg     flamegraphs: open in a browser");
+    println!("  oncpu.folded, offcpu.folded  folded stacks (inferno, flamegraph.pl, speedscope)");
+    println!(
+        "  profile.pb.gz             pprof: `go tool pprof -http=: {}/profile.pb.gz`",
+        out.display()
+    );
+    println!("  summary.json              counts, lost events, probes, frame-pointer check");
+    println!("  workload.json             what the workload itself says it did");
+    Ok(())
+}
+
+fn test(root: &Path) -> anyhow::Result<()> {
+    setup::run(root)?;
+    build(root)?;
+    run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
+    run(
+        root,
+        "cargo",
+        &[
+            "clippy",
+            "--release",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    if is_root() {
+        run(
+            root,
+            "cargo",
+            &["test", "--release", "--workspace", "--", "--include-ignored"],
+        )?;
+    } else {
+        run(root, "cargo", &["test", "--release", "--workspace"])?;
+        eprintln!(
+            "xtask: SKIPPED the end-to-end tests (they load eBPF programs and need root): \
+             run `sudo cargo xtask test` to include them"
+        );
+    }
+    eprintln!("xtask: all tests passed");
+    Ok(())
+}

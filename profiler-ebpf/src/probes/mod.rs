@@ -62,8 +62,7 @@ static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 
 /// Threads of the target that are off-CPU right now, by tid.
 #[map]
-static OFFCPU_START: LruHashMap<u32, OffCpuStart> =
-    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+static OFFCPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

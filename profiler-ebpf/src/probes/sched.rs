@@ -11,9 +11,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, EventKind, OffCpuInterval, OffCpuStart, COMM_LEN};
 
-use super::{
-    count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, OFFCPU_START,
-};
+use super::{count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, OFFCPU_START};
 
 #[tracepoint]
 pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
@@ -61,8 +59,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         count(counter::RING_FULL);
         return 0;
     };
-    let comm: [u8; COMM_LEN] =
-        unsafe { ctx.read_at(off.switch_next_comm as usize) }.unwrap_or([0; COMM_LEN]);
+    let comm: [u8; COMM_LEN] = unsafe { ctx.read_at(off.switch_next_comm as usize) }.unwrap_or([0; COMM_LEN]);
     entry.write(OffCpuInterval {
         kind: EventKind::OffCpu as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },

@@ -29,7 +29,9 @@ pub fn kernel() -> Option<MutexGuard<'static, ()>> {
 
 /// A binary of this package (a stall program).
 pub fn stall_program(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_BIN_EXE_stall-spin-sleep")).parent().unwrap();
+    let dir = Path::new(env!("CARGO_BIN_EXE_stall-spin-sleep"))
+        .parent()
+        .unwrap();
     dir.join(name)
 }
 
@@ -54,7 +56,10 @@ pub fn scratch(test: &str) -> PathBuf {
 
 /// Runs slotprof with `args` and returns its output, echoing it for the test log.
 pub fn run_slotprof(args: &[&str]) -> Output {
-    let out = Command::new(slotprof()).args(args).output().expect("run slotprof");
+    let out = Command::new(slotprof())
+        .args(args)
+        .output()
+        .expect("run slotprof");
     eprintln!(
         "slotprof {args:?} -> {}\n--- stdout\n{}--- stderr\n{}",
         out.status,

@@ -1,0 +1,116 @@
+//! Makes a fresh machine able to build slotprof: the pinned toolchain's
+//! components and bpf-linker, installed into the gitignored `.tools/`.
+//!
+//! bpf-linker must use the same LLVM major as rustc; we link it against
+//! rustc's own libLLVM (no apt LLVM needed). See ../shared/notes/toolchain.md.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context};
+
+/// The toolchain pinned in rust-toolchain.toml.
+const TOOLCHAIN: &str = "1.95.0";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The LLVM major of TOOLCHAIN's rustc.
+const LLVM_FEATURE: &str = "llvm-22";
+
+pub fn run(root: &Path) -> anyhow::Result<()> {
+    components(root)?;
+    bpf_linker(root)
+}
+
+fn components(root: &Path) -> anyhow::Result<()> {
+    let sysroot = sysroot()?;
+    let have_src = Path::new(&sysroot)
+        .join("lib/rustlib/src/rust/library/core")
+        .is_dir();
+    if have_src {
+        return Ok(());
+    }
+    crate::run(
+        root,
+        "rustup",
+        &[
+            "component",
+            "add",
+            "rust-src",
+            "clippy",
+            "rustfmt",
+            "--toolchain",
+            TOOLCHAIN,
+        ],
+    )
+}
+
+fn sysroot() -> anyhow::Result<String> {
+    let out = Command::new("rustup")
+        .args(["run", TOOLCHAIN, "rustc", "--print", "sysroot"])
+        .output()
+        .with_context(|| format!("cannot run rustc {TOOLCHAIN}: is rustup installed?"))?;
+    if !out.status.success() {
+        // Not installed at all: install it, then ask again.
+        crate::run(
+            Path::new("."),
+            "rustup",
+            &[
+                "toolchain",
+                "install",
+                TOOLCHAIN,
+                "--profile",
+                "minimal",
+                "--component",
+                "rust-src,clippy,rustfmt",
+            ],
+        )?;
+        return sysroot();
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+fn bpf_linker(root: &Path) -> anyhow::Result<()> {
+    let tools = root.join(".tools");
+    let linker = tools.join("bin/bpf-linker");
+    let works = Command::new(&linker)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if works {
+        return Ok(());
+    }
+    eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} into .tools/ (1-2 minutes, once)");
+    // A prefix whose lib/libLLVM.so is rustc's own libLLVM.
+    let sysroot = sysroot()?;
+    let llvm_lib = std::fs::read_dir(Path::new(&sysroot).join("lib"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("libLLVM.so.") || (n.starts_with("libLLVM-") && n.ends_with(".so"))
+            })
+        })
+        .with_context(|| format!("no libLLVM in {sysroot}/lib: reinstall toolchain {TOOLCHAIN}"))?;
+    let prefix = tools.join("llvm");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&llvm_lib, &link)?;
+    let status = Command::new("rustup")
+        .args(["run", TOOLCHAIN, "cargo", "install", "bpf-linker"])
+        .args([
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--no-default-features",
+        ])
+        .args(["--features", LLVM_FEATURE, "--root"])
+        .arg(&tools)
+        .env("LLVM_PREFIX", &prefix)
+        .current_dir(root)
+        .status()
+        .context("cannot run cargo install")?;
+    if !status.success() {
+        bail!("installing bpf-linker failed ({status}); see the cargo output above");
+    }
+    Ok(())
+}
