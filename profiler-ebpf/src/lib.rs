@@ -72,7 +72,10 @@ pub struct OffCpuInterval {
     /// interrupt with no task of interest behind it).
     pub waker_tid: u32,
     pub waker_tgid: u32,
-    pub _pad: u32,
+    /// Kernel stack of the wakeup: tells a task's wakeup (futex_wake, a
+    /// pipe write) from one in interrupt context (a timer, a device), where
+    /// the "waker" task is only whoever was interrupted.
+    pub waker_kernel_stack_id: i32,
     pub comm: [u8; COMM_LEN],
     pub waker_comm: [u8; COMM_LEN],
 }
@@ -89,6 +92,8 @@ pub struct OffCpuStart {
     pub waker_tgid: u32,
     /// Process of the sleeping thread (the switch-in side cannot read it).
     pub tgid: u32,
+    pub waker_kernel_stack_id: i32,
+    pub _pad: u32,
     pub waker_comm: [u8; COMM_LEN],
 }
 

@@ -41,10 +41,17 @@ pub struct LongInterval {
     pub duration_ns: u64,
     /// "blocked" or "preempted" (runnable, waiting for a CPU).
     pub kind: &'static str,
+    /// Who woke it: `comm/tid (syscall)` for a task, `timer` or `interrupt`
+    /// when the wakeup ran in interrupt context (then the task that was
+    /// running is not the waker, and is not named).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waker: Option<String>,
     /// Closed by the end of the session rather than by a switch-in.
     pub cut_at_end: bool,
+    #[serde(skip)]
+    waker_task: Option<(String, u32)>,
+    #[serde(skip)]
+    waker_kernel_stack_id: i32,
 }
 
 /// How many of the longest intervals the summary lists.
@@ -137,15 +144,16 @@ impl Aggregator {
         if self.longest.len() == LONGEST_KEPT && self.longest.last().is_some_and(|l| l.duration_ns >= ns) {
             return;
         }
-        let waker = (o.waker_tid != 0).then(|| format!("{}/{}", comm_str(&o.waker_comm), o.waker_tid));
         let item = LongInterval {
             tid: o.tid,
             comm: comm_str(&o.comm),
             start_ns: o.start_ns,
             duration_ns: ns,
             kind: if preempted { "preempted" } else { "blocked" },
-            waker,
+            waker: None,
             cut_at_end,
+            waker_task: (o.waker_tid != 0).then(|| (comm_str(&o.waker_comm), o.waker_tid)),
+            waker_kernel_stack_id: o.waker_kernel_stack_id,
         };
         let at = self.longest.partition_point(|l| l.duration_ns >= ns);
         self.longest.insert(at, item);
@@ -156,6 +164,7 @@ impl Aggregator {
     pub fn stack_ids(&self) -> HashSet<i32> {
         let keys = self.oncpu.keys().chain(self.offcpu.keys().map(|(k, _)| k));
         keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
+            .chain(self.longest.iter().map(|l| l.waker_kernel_stack_id))
             .filter(|&id| id >= 0)
             .collect()
     }
@@ -171,9 +180,23 @@ impl Aggregator {
         v
     }
 
-    /// The longest off-CPU intervals, longest first.
-    pub fn longest_intervals(&self) -> &[LongInterval] {
-        &self.longest
+    /// The longest off-CPU intervals, longest first, with their wakers named.
+    pub fn longest_intervals(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Vec<LongInterval> {
+        let mut out = self.longest.clone();
+        for l in &mut out {
+            let frames: Vec<String> = stacks
+                .get(&l.waker_kernel_stack_id)
+                .map(|addrs| {
+                    let named = addrs
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, &a)| sym.kernel_frame(a, i > 0));
+                    named.collect()
+                })
+                .unwrap_or_default();
+            l.waker = describe_waker(l.waker_task.as_ref(), &frames);
+        }
+        out
     }
 
     /// Names every counted stack and builds the folded profiles.
@@ -202,6 +225,33 @@ impl Aggregator {
             median_user_depth: depths.get(depths.len() / 2).copied(),
         }
     }
+}
+
+/// Names a waker from the task that was current at the wakeup and the
+/// kernel stack of the wakeup (leaf first).
+fn describe_waker(task: Option<&(String, u32)>, kernel_frames: &[String]) -> Option<String> {
+    let in_interrupt = kernel_frames.iter().any(|f| {
+        f.starts_with("asm_sysvec_")
+            || f.starts_with("asm_common_interrupt")
+            || f.contains("softirq")
+            || f.starts_with("hrtimer_interrupt")
+            || f.starts_with("__sysvec_")
+    });
+    if in_interrupt {
+        let timer = kernel_frames
+            .iter()
+            .any(|f| f.starts_with("hrtimer_wakeup") || f.contains("timer"));
+        return Some(if timer { "timer" } else { "interrupt" }.to_string());
+    }
+    let (comm, tid) = task?;
+    let syscall = kernel_frames.iter().find_map(|f| {
+        f.strip_prefix("__x64_sys_")
+            .or_else(|| f.strip_prefix("__arm64_sys_"))
+    });
+    Some(match syscall {
+        Some(sc) => format!("{comm}/{tid} ({sc})"),
+        None => format!("{comm}/{tid}"),
+    })
 }
 
 /// Turns a [`StackKey`] into frames, root first, caching each stack.
@@ -266,6 +316,34 @@ mod tests {
     use super::*;
     use profiler_ebpf::EventKind;
 
+    #[test]
+    fn wakers_in_interrupt_context_are_not_blamed_on_the_interrupted_task() {
+        let task = ("hot".to_string(), 7);
+        let frames = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let timer = frames(&[
+            "try_to_wake_up",
+            "hrtimer_wakeup",
+            "__hrtimer_run_queues",
+            "hrtimer_interrupt",
+            "__sysvec_apic_timer_interrupt",
+            "asm_sysvec_apic_timer_interrupt",
+        ]);
+        assert_eq!(describe_waker(Some(&task), &timer).as_deref(), Some("timer"));
+        let futex = frames(&[
+            "try_to_wake_up",
+            "wake_up_q",
+            "futex_wake",
+            "do_futex",
+            "__x64_sys_futex",
+            "do_syscall_64",
+        ]);
+        assert_eq!(
+            describe_waker(Some(&task), &futex).as_deref(),
+            Some("hot/7 (futex)")
+        );
+        assert_eq!(describe_waker(None, &[]), None);
+    }
+
     fn comm(s: &str) -> [u8; COMM_LEN] {
         let mut c = [0; COMM_LEN];
         c[..s.len()].copy_from_slice(s.as_bytes());
@@ -285,7 +363,7 @@ mod tests {
             state,
             waker_tid: 9,
             waker_tgid: 1,
-            _pad: 0,
+            waker_kernel_stack_id: -1,
             comm: comm("sleeper"),
             waker_comm: comm("waker"),
         }
@@ -316,7 +394,7 @@ mod tests {
         assert_eq!(p.offcpu.total(), 3_000);
         assert_eq!(p.offcpu.total_where(|f| f.starts_with("[preempted")), 1_000);
         assert!(p.offcpu.total_where(|f| f == "[kernel stack missing]") == 3_000);
-        let longest = agg.longest_intervals();
+        let longest = agg.longest_intervals(&StackTable::new(), &mut sym);
         assert_eq!(longest[0].duration_ns, 2_000);
         assert_eq!(longest[0].waker.as_deref(), Some("waker/9"));
         assert_eq!(agg.threads()[0].comm, "hot");

@@ -172,7 +172,7 @@ pub async fn run(
                     state: start.state,
                     waker_tid: 0,
                     waker_tgid: 0,
-                    _pad: 0,
+                    waker_kernel_stack_id: -1,
                     comm: c,
                     waker_comm: [0; 16],
                 },
@@ -193,6 +193,7 @@ pub async fn run(
     drop(probes);
 
     let profiles = agg.resolve(&stacks, &mut sym);
+    let longest_offcpu = agg.longest_intervals(&stacks, &mut sym);
     let subtitle = format!(
         "{} (pid {}), {:.1} s at {} Hz, slotprof {}",
         target.comm,
@@ -271,7 +272,7 @@ pub async fn run(
         lost,
         frame_pointers,
         threads: agg.threads().into_iter().take(64).collect(),
-        longest_offcpu: agg.longest_intervals().to_vec(),
+        longest_offcpu,
         outputs,
         warnings,
     };

@@ -68,6 +68,29 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
 
     let summary = read_json(&out.join("summary.json"));
     assert_eq!(summary["frame_pointers"]["present"], true);
+    // Wakers: `waiter` is woken by `poker` through a futex, `sleeper` by a
+    // timer (never by whichever task the timer interrupted).
+    let longest = summary["longest_offcpu"].as_array().unwrap();
+    let waker_of = |comm: &str| -> Vec<String> {
+        longest
+            .iter()
+            .filter(|l| l["comm"] == comm)
+            .filter_map(|l| l["waker"].as_str().map(str::to_string))
+            .collect()
+    };
+    let waiter = waker_of("waiter");
+    assert!(
+        !waiter.is_empty(),
+        "no waiter interval among the longest: {longest:?}"
+    );
+    assert!(
+        waiter
+            .iter()
+            .all(|w| w.starts_with("poker/") && w.contains("futex")),
+        "{waiter:?}"
+    );
+    let sleeper = waker_of("sleeper");
+    assert!(sleeper.iter().all(|w| w == "timer"), "{sleeper:?}");
     assert_eq!(summary["lost"]["total"], 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -33,6 +33,8 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
                 waker_tid: 0,
                 waker_tgid: 0,
                 tgid,
+                waker_kernel_stack_id: -1,
+                _pad: 0,
                 waker_comm: [0; COMM_LEN],
             };
             if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
@@ -72,7 +74,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         state: start.state,
         waker_tid: start.waker_tid,
         waker_tgid: start.waker_tgid,
-        _pad: 0,
+        waker_kernel_stack_id: start.waker_kernel_stack_id,
         comm,
         waker_comm: start.waker_comm,
     });
@@ -90,9 +92,13 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     let Some(start) = OFFCPU_START.get_ptr_mut(&(pid as u32)) else {
         return 0;
     };
-    // `current` is the waker (sched_waking fires in its context).
+    // `current` is the waker when the wakeup comes from a task; in a timer
+    // or device interrupt it is whoever was interrupted. The kernel stack
+    // tells which (userspace reads it only for the intervals it reports).
     let pid_tgid = bpf_get_current_pid_tgid();
+    let waker_kernel_stack_id = stack_id(&ctx, 0);
     unsafe {
+        (*start).waker_kernel_stack_id = waker_kernel_stack_id;
         (*start).waker_tid = pid_tgid as u32;
         (*start).waker_tgid = (pid_tgid >> 32) as u32;
         (*start).waker_comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);

@@ -1,5 +1,7 @@
 //! A hot thread spinning in `hot_spin` and a thread that sleeps in
-//! `blocking_sleep`; reports how long it spun and how long it slept.
+//! `blocking_sleep`; reports how long it spun and how long it slept. A
+//! third thread, `waiter`, blocks on a channel that `poker` sends to every
+//! 30 ms, so its wakeups come from a known task (a futex wake).
 //!
 //! `--seconds S` (default 5): how long to run.
 //! `--sleep-ms M` (default 20): length of each sleep.
@@ -65,14 +67,35 @@ fn main() {
             (slept, sleeps)
         })
     };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        name_thread("waiter");
+        let mut woken = 0u64;
+        while rx.recv().is_ok() {
+            woken += 1;
+        }
+        woken
+    });
+    let poker = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            name_thread("poker");
+            while !stop.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(30));
+                let _ = tx.send(());
+            }
+        })
+    };
     thread::sleep(run_for);
     stop.store(true, Ordering::Relaxed);
+    poker.join().unwrap();
+    let handoffs = waiter.join().unwrap();
     let rounds = hot.join().unwrap();
     let (slept, sleeps) = sleeper.join().unwrap();
     write_report(
         &flags,
         &format!(
-            "{{\"pid\":{},\"hot_rounds\":{rounds},\"sleeps\":{sleeps},\"slept_ns\":{}}}",
+            "{{\"pid\":{},\"hot_rounds\":{rounds},\"sleeps\":{sleeps},\"slept_ns\":{},\"handoffs\":{handoffs}}}",
             std::process::id(),
             slept.as_nanos()
         ),
