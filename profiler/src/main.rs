@@ -61,6 +61,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             finish(session::run(&opts, target, None).await?)
         }
         Command::Record(r) => {
+            find_program(&r.command[0])?;
             privileges::require_bpf()?;
             privileges::raise_memlock_limit();
             let (held, pid) = spawn_held(&r.command)?;
@@ -114,6 +115,27 @@ fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
         },
         pid,
     ))
+}
+
+/// Checks that `program` can be run, the way `exec` will look for it.
+fn find_program(program: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        anyhow::ensure!(
+            runnable(std::path::Path::new(program)),
+            "cannot run `{program}`: no such executable file"
+        );
+        return Ok(());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    anyhow::ensure!(
+        std::env::split_paths(&path).any(|dir| runnable(&dir.join(program))),
+        "cannot run `{program}`: not found on PATH (give its path, e.g. ./{program})"
+    );
+    Ok(())
 }
 
 /// The trampoline side of [`spawn_held`].

@@ -63,6 +63,14 @@ pub async fn run(
         min_offcpu: opts.min_offcpu,
         freq_hz: opts.freq_hz,
     })?;
+    for p in probes.status.iter().filter(|p| !p.attached) {
+        eprintln!(
+            "slotprof: warning: {} on {} did not attach ({}); profiling without it",
+            p.program,
+            p.event,
+            p.error.as_deref().unwrap_or("unknown error")
+        );
+    }
     let ring = probes.take_events()?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
     // owns the ring buffer.

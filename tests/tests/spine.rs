@@ -272,3 +272,55 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
     let _ = target.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_target_without_frame_pointers_is_called_out() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("nofp");
+    let src = dir.join("spin.c");
+    std::fs::write(
+        &src,
+        "#include <time.h>\n\
+         static volatile unsigned long sink;\n\
+         __attribute__((noinline)) static unsigned long spin(unsigned long x) {\n\
+           for (int i = 0; i < 100000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;\n\
+           return x; }\n\
+         int main(void) { time_t end = time(0) + 2; unsigned long x = 1;\n\
+           while (time(0) < end) x = spin(x); sink = x; return 0; }\n",
+    )
+    .unwrap();
+    let bin = dir.join("spin");
+    let cc = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: no C compiler (cc) to build a binary without frame pointers");
+        return;
+    }
+    let out = dir.join("out");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let s = read_json(&out.join("summary.json"));
+    assert_eq!(s["frame_pointers"]["present"], false, "{}", s["frame_pointers"]);
+    let advice = s["frame_pointers"]["advice"].as_str().unwrap();
+    assert!(advice.contains("force-frame-pointers") && advice.contains("-fno-omit-frame-pointer"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without frame pointers"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn record_of_a_missing_command_says_so() {
+    let o = run_slotprof(&["record", "--", "/nonexistent/slotprof-no-such-program"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no such executable"), "{err}");
+}
