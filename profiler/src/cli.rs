@@ -32,6 +32,10 @@ pub struct ProfileArgs {
     /// Directory for the outputs (created if missing).
     #[arg(short, long, default_value = "slotprof-out")]
     pub out: PathBuf,
+    /// Have the kernel time slotprof's own probes and put their cost in
+    /// summary.json (adds two clock reads per probe run).
+    #[arg(long)]
+    pub probe_stats: bool,
 }
 
 #[derive(Debug, Args)]

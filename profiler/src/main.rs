@@ -51,6 +51,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 min_offcpu: a.profile.min_offcpu,
                 out: a.profile.out,
                 command: "attach",
+                probe_stats: a.profile.probe_stats,
             };
             eprintln!(
                 "slotprof: profiling {} (pid {}) for {:.0} s; Ctrl-C stops early",
@@ -72,6 +73,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 min_offcpu: r.profile.min_offcpu,
                 out: r.profile.out,
                 command: "record",
+                probe_stats: r.profile.probe_stats,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;
             finish(outcome)

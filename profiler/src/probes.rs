@@ -33,6 +33,18 @@ pub struct ProbeConfig {
     pub min_offcpu: Duration,
     /// cpu-clock sampling frequency per CPU.
     pub freq_hz: u64,
+    /// Have the kernel time every program run (BPF_ENABLE_STATS, for as
+    /// long as the probes are loaded; it adds two clock reads per run).
+    pub probe_stats: bool,
+}
+
+/// What one program cost, by the kernel's own accounting.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProgramCost {
+    pub program: String,
+    pub runs: u64,
+    pub total_ns: u64,
+    pub avg_ns: f64,
 }
 
 /// Whether one probe attached, for the summary.
@@ -82,6 +94,8 @@ unsafe impl Pod for Start {}
 pub struct Probes {
     ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
+    /// Held while run-time stats are on; closing it turns them off.
+    _stats: Option<std::os::fd::OwnedFd>,
 }
 
 impl Probes {
@@ -117,7 +131,41 @@ impl Probes {
                 .collect();
             bail!("no probe could be attached ({})", why.join("; "));
         }
-        Ok(Self { ebpf, status })
+        let stats = if config.probe_stats {
+            Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .context("cannot enable BPF run-time stats")?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            ebpf,
+            status,
+            _stats: stats,
+        })
+    }
+
+    /// Run counts and times of each program (zero unless `probe_stats`).
+    pub fn costs(&self) -> Vec<ProgramCost> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                let runs = info.run_count();
+                let total_ns = info.run_time().as_nanos() as u64;
+                Some(ProgramCost {
+                    program: name.to_string(),
+                    runs,
+                    total_ns,
+                    avg_ns: if runs == 0 {
+                        0.0
+                    } else {
+                        total_ns as f64 / runs as f64
+                    },
+                })
+            })
+            .collect()
     }
 
     /// The ring buffer every record arrives through (can be taken once).

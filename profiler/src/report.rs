@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::{
     aggregate::{LongInterval, Profiles, ThreadTotals},
     output::write_atomic,
-    probes::{Counters, ProbeStatus},
+    probes::{Counters, ProbeStatus, ProgramCost},
 };
 
 /// Everything `summary.json` records about a session.
@@ -30,6 +30,9 @@ pub struct Summary {
     pub freq_hz: u64,
     pub min_offcpu_ms: f64,
     pub probes: Vec<ProbeStatus>,
+    /// The probes' own cost, when `--probe-stats` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<ProbeCost>,
     pub counts: Counts,
     pub lost: Lost,
     pub frame_pointers: FramePointers,
@@ -39,6 +42,27 @@ pub struct Summary {
     pub outputs: Vec<String>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
+}
+
+/// The kernel's accounting of the probes' run time.
+#[derive(Debug, Serialize)]
+pub struct ProbeCost {
+    pub programs: Vec<ProgramCost>,
+    /// All programs' run time as a share of the machine's CPU time over the
+    /// session, in percent.
+    pub cpu_percent: f64,
+}
+
+impl ProbeCost {
+    pub fn new(programs: Vec<ProgramCost>, elapsed: std::time::Duration) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let total: u64 = programs.iter().map(|p| p.total_ns).sum();
+        let cpu_percent = 100.0 * total as f64 / (elapsed.as_nanos() as f64 * cpus).max(1.0);
+        Self {
+            programs,
+            cpu_percent: (cpu_percent * 10_000.0).round() / 10_000.0,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]

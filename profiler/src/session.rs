@@ -31,6 +31,8 @@ pub struct SessionOptions {
     pub out: PathBuf,
     /// "attach" or "record", for the summary.
     pub command: &'static str,
+    /// Measure the probes' own cost (see [`ProbeConfig::probe_stats`]).
+    pub probe_stats: bool,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -62,6 +64,7 @@ pub async fn run(
         tgid: target.pid,
         min_offcpu: opts.min_offcpu,
         freq_hz: opts.freq_hz,
+        probe_stats: opts.probe_stats,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
         eprintln!(
@@ -196,6 +199,9 @@ pub async fn run(
         .filter_map(|id| probes.stack(id).map(|s| (id, s)))
         .collect();
     let probe_status = probes.status.clone();
+    let probe_cost = opts
+        .probe_stats
+        .then(|| report::ProbeCost::new(probes.costs(), elapsed));
     // Detach and unload now: nothing below needs the kernel side.
     drop(ring);
     drop(probes);
@@ -269,6 +275,7 @@ pub async fn run(
         freq_hz: opts.freq_hz,
         min_offcpu_ms: opts.min_offcpu.as_secs_f64() * 1e3,
         probes: probe_status,
+        probe_cost,
         counts: Counts {
             oncpu_samples: agg.samples,
             offcpu_intervals: agg.offcpu_intervals,
