@@ -1,7 +1,8 @@
-//! Counting events by thread and stack, then naming the stacks.
+//! Keeping events by thread, stack and time, then naming the stacks.
 //!
-//! Ingestion is constant-time per event (one hash-map update keyed by stack
-//! ids); names are resolved once per distinct stack at the end.
+//! Ingestion is constant-time per event (an append of stack ids and a
+//! timestamp); names are resolved once per distinct stack at the end, and
+//! shared between the whole-session profile and every slot's.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +11,10 @@ use profiler_ebpf::{stack_lost, CpuSample, OffCpuInterval, COMM_LEN};
 use serde::Serialize;
 use symbolizer::Symbolizer;
 
-use crate::events::{comm_str, Event};
+use crate::{
+    events::{comm_str, Event},
+    slots::Timeline,
+};
 
 /// A thread and the stack it was in.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -60,9 +64,10 @@ const LONGEST_KEPT: usize = 20;
 /// Everything counted so far.
 #[derive(Default)]
 pub struct Aggregator {
-    oncpu: HashMap<StackKey, u64>,
-    /// Value: nanoseconds; the bool is "preempted" (run-queue wait).
-    offcpu: HashMap<(StackKey, bool), u64>,
+    /// Every on-CPU sample: time and stack.
+    sample_log: Vec<(u64, StackKey)>,
+    /// Every off-CPU interval.
+    interval_log: Vec<Interval>,
     threads: HashMap<u32, ThreadTotals>,
     longest: Vec<LongInterval>,
     pub samples: u64,
@@ -70,6 +75,34 @@ pub struct Aggregator {
     pub offcpu_ns: u64,
     /// Records that did not decode (never expected; counted, not trusted).
     pub malformed: u64,
+}
+
+/// An on-CPU sample of a thread, for timelines.
+#[derive(Clone, Debug)]
+pub struct TimedSample {
+    pub tid: u32,
+    pub comm: String,
+    pub ts_ns: u64,
+}
+
+/// An off-CPU interval of a thread, for timelines.
+#[derive(Clone, Debug)]
+pub struct TimedInterval {
+    pub tid: u32,
+    pub comm: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub preempted: bool,
+}
+
+/// An off-CPU interval as kept for bucketing.
+#[derive(Clone, Copy, Debug)]
+struct Interval {
+    start_ns: u64,
+    end_ns: u64,
+    key: StackKey,
+    /// Runnable but waiting for a CPU, not blocked.
+    preempted: bool,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -114,7 +147,7 @@ impl Aggregator {
             user_stack_id: s.user_stack_id,
             kernel_stack_id: s.kernel_stack_id,
         };
-        *self.oncpu.entry(key).or_default() += 1;
+        self.sample_log.push((s.ts_ns, key));
         self.samples += 1;
         self.thread(s.tid, &s.comm).samples += 1;
     }
@@ -131,7 +164,12 @@ impl Aggregator {
             user_stack_id: o.user_stack_id,
             kernel_stack_id: o.kernel_stack_id,
         };
-        *self.offcpu.entry((key, preempted)).or_default() += ns;
+        self.interval_log.push(Interval {
+            start_ns: o.start_ns,
+            end_ns: o.end_ns,
+            key,
+            preempted,
+        });
         self.offcpu_intervals += 1;
         self.offcpu_ns += ns;
         let t = self.thread(o.tid, &o.comm);
@@ -162,7 +200,11 @@ impl Aggregator {
 
     /// Every stack id the counted events refer to.
     pub fn stack_ids(&self) -> HashSet<i32> {
-        let keys = self.oncpu.keys().chain(self.offcpu.keys().map(|(k, _)| k));
+        let keys = self
+            .sample_log
+            .iter()
+            .map(|(_, k)| k)
+            .chain(self.interval_log.iter().map(|i| &i.key));
         keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
             .chain(self.longest.iter().map(|l| l.waker_kernel_stack_id))
             .filter(|&id| id >= 0)
@@ -199,31 +241,83 @@ impl Aggregator {
         out
     }
 
-    /// Names every counted stack and builds the folded profiles.
+    /// Names every counted stack and builds the whole session's profiles.
     pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Profiles {
-        let mut names = StackNamer {
-            stacks,
-            sym,
-            cache: HashMap::new(),
-        };
-        let mut oncpu = Folded::new();
-        let mut depths = Vec::new();
-        for (key, &count) in &self.oncpu {
-            if let Some(user) = stacks.get(&key.user_stack_id) {
-                depths.extend(std::iter::repeat_n(user.len(), count as usize));
+        let mut names = StackNamer::new(stacks, sym);
+        let mut on: HashMap<StackKey, u64> = HashMap::new();
+        for (_, key) in &self.sample_log {
+            *on.entry(*key).or_default() += 1;
+        }
+        let mut off: HashMap<(StackKey, bool), u64> = HashMap::new();
+        for i in &self.interval_log {
+            *off.entry((i.key, i.preempted)).or_default() += i.end_ns.saturating_sub(i.start_ns);
+        }
+        names.profiles(&on, &off)
+    }
+
+    /// One profile per slot of `timeline` (indexed like its slots): samples
+    /// land in the slot of their timestamp, off-CPU intervals are split at
+    /// slot boundaries. Events outside every slot are left out.
+    pub fn resolve_slots(
+        &self,
+        timeline: &Timeline,
+        stacks: &StackTable,
+        sym: &mut Symbolizer,
+    ) -> Vec<Profiles> {
+        let n = timeline.slots().len();
+        let mut on: Vec<HashMap<StackKey, u64>> = vec![HashMap::new(); n];
+        let mut off: Vec<HashMap<(StackKey, bool), u64>> = vec![HashMap::new(); n];
+        for (ts, key) in &self.sample_log {
+            if let Some(i) = timeline.slot_at(*ts) {
+                *on[i].entry(*key).or_default() += 1;
             }
-            oncpu.add(names.frames(key, false), count);
         }
-        let mut offcpu = Folded::new();
-        for ((key, preempted), &ns) in &self.offcpu {
-            offcpu.add(names.frames(key, *preempted), ns);
+        for iv in &self.interval_log {
+            for (i, ns) in timeline.split(iv.start_ns, iv.end_ns) {
+                *off[i].entry((iv.key, iv.preempted)).or_default() += ns;
+            }
         }
-        depths.sort_unstable();
-        Profiles {
-            oncpu,
-            offcpu,
-            median_user_depth: depths.get(depths.len() / 2).copied(),
-        }
+        let mut names = StackNamer::new(stacks, sym);
+        on.iter()
+            .zip(&off)
+            .map(|(on, off)| names.profiles(on, off))
+            .collect()
+    }
+
+    /// Time span of the events seen, CLOCK_MONOTONIC ns.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        let times = self
+            .sample_log
+            .iter()
+            .map(|(t, _)| (*t, *t))
+            .chain(self.interval_log.iter().map(|i| (i.start_ns, i.end_ns)));
+        times.reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+    }
+
+    /// Every sample and interval with its thread, in arrival order, for
+    /// timelines.
+    pub fn timed_events(&self) -> (Vec<TimedSample>, Vec<TimedInterval>) {
+        let samples = self
+            .sample_log
+            .iter()
+            .map(|(t, k)| TimedSample {
+                tid: k.tid,
+                comm: comm_str(&k.comm),
+                ts_ns: *t,
+            })
+            .collect();
+        let intervals = self
+            .interval_log
+            .iter()
+            .map(|i| TimedInterval {
+                tid: i.key.tid,
+                comm: comm_str(&i.key.comm),
+                start_ns: i.start_ns,
+                end_ns: i.end_ns,
+                preempted: i.preempted,
+            })
+            .collect();
+        (samples, intervals)
     }
 }
 
@@ -261,7 +355,37 @@ struct StackNamer<'a> {
     cache: HashMap<(u32, i32, bool), Vec<String>>,
 }
 
-impl StackNamer<'_> {
+impl<'a> StackNamer<'a> {
+    fn new(stacks: &'a StackTable, sym: &'a mut Symbolizer) -> Self {
+        Self {
+            stacks,
+            sym,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Folded on-CPU (samples) and off-CPU (ns) profiles from counts by stack.
+    fn profiles(&mut self, on: &HashMap<StackKey, u64>, off: &HashMap<(StackKey, bool), u64>) -> Profiles {
+        let mut oncpu = Folded::new();
+        let mut depths = Vec::new();
+        for (key, &count) in on {
+            if let Some(user) = self.stacks.get(&key.user_stack_id) {
+                depths.extend(std::iter::repeat_n(user.len(), count as usize));
+            }
+            oncpu.add(self.frames(key, false), count);
+        }
+        let mut offcpu = Folded::new();
+        for ((key, preempted), &ns) in off {
+            offcpu.add(self.frames(key, *preempted), ns);
+        }
+        depths.sort_unstable();
+        Profiles {
+            oncpu,
+            offcpu,
+            median_user_depth: depths.get(depths.len() / 2).copied(),
+        }
+    }
+
     fn frames(&mut self, key: &StackKey, preempted: bool) -> Vec<String> {
         let mut frames = vec![comm_str(&key.comm)];
         frames.extend(self.part(key.tgid, key.user_stack_id, false));
@@ -398,5 +522,36 @@ mod tests {
         assert_eq!(longest[0].duration_ns, 2_000);
         assert_eq!(longest[0].waker.as_deref(), Some("waker/9"));
         assert_eq!(agg.threads()[0].comm, "hot");
+    }
+
+    #[test]
+    fn slots_get_their_samples_and_split_intervals() {
+        use crate::slots::Timeline;
+        let mut agg = Aggregator::new();
+        let sample = |ts| {
+            Event::Sample(CpuSample {
+                kind: EventKind::CpuSample as u32,
+                cpu: 0,
+                ts_ns: ts,
+                tgid: 1,
+                tid: 2,
+                user_stack_id: -14,
+                kernel_stack_id: -14,
+                comm: comm("hot"),
+            })
+        };
+        for ts in [5, 15, 16, 17, 99] {
+            agg.ingest(&sample(ts));
+        }
+        // 8..25 spans slot 0 (2 ns), slot 1 (10 ns) and slot 2 (5 ns).
+        agg.ingest(&Event::OffCpu(off(3, 8, 25, 1)));
+        let t = Timeline::clock(std::time::Duration::from_nanos(10), 0, None, 0, 30);
+        let mut sym = Symbolizer::new();
+        let per = agg.resolve_slots(&t, &StackTable::new(), &mut sym);
+        let on: Vec<u64> = per.iter().map(|p| p.oncpu.total()).collect();
+        let off: Vec<u64> = per.iter().map(|p| p.offcpu.total()).collect();
+        assert_eq!(on, [1, 3, 0]); // ts 99 is outside every slot
+        assert_eq!(off, [2, 10, 5]);
+        assert_eq!(agg.span(), Some((5, 99)));
     }
 }

@@ -32,6 +32,12 @@ pub struct ProfileArgs {
     /// Directory for the outputs (created if missing).
     #[arg(short, long, default_value = "slotprof-out")]
     pub out: PathBuf,
+    /// Cut the profile into slots: `clock=400ms[,origin=NS][,leader=K/M]`
+    /// (fixed-length slots; origin in CLOCK_MONOTONIC ns, default the
+    /// session start; leader=K/M marks the first K of every M slots as
+    /// this node's). Adds slots/, windows/ and index.html to the outputs.
+    #[arg(long, value_name = "SOURCE")]
+    pub slot_source: Option<crate::slots::SlotSourceSpec>,
     /// Have the kernel time slotprof's own probes and put their cost in
     /// summary.json (adds two clock reads per probe run).
     #[arg(long)]

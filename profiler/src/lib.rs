@@ -16,6 +16,8 @@ pub mod privileges;
 pub mod probes;
 pub mod report;
 pub mod session;
+pub mod slot_export;
+pub mod slots;
 pub mod target;
 pub mod tracefs;
 

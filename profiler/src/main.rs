@@ -52,6 +52,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 out: a.profile.out,
                 command: "attach",
                 probe_stats: a.profile.probe_stats,
+                slot_source: a.profile.slot_source,
             };
             eprintln!(
                 "slotprof: profiling {} (pid {}) for {:.0} s; Ctrl-C stops early",
@@ -74,6 +75,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 out: r.profile.out,
                 command: "record",
                 probe_stats: r.profile.probe_stats,
+                slot_source: r.profile.slot_source,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;
             finish(outcome)

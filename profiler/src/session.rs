@@ -18,6 +18,8 @@ use crate::{
     events,
     probes::{ProbeConfig, Probes},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
+    slot_export,
+    slots::{SlotSourceSpec, Timeline},
     target::Target,
 };
 
@@ -33,6 +35,8 @@ pub struct SessionOptions {
     pub command: &'static str,
     /// Measure the probes' own cost (see [`ProbeConfig::probe_stats`]).
     pub probe_stats: bool,
+    /// Where slot boundaries come from; `None`: one profile for the session.
+    pub slot_source: Option<SlotSourceSpec>,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -80,6 +84,7 @@ pub async fn run(
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
     let started = Instant::now();
+    let started_mono = monotonic_ns();
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -223,7 +228,37 @@ pub async fn run(
         period: (1_000_000_000 / opts.freq_hz.max(1)) as i64,
         comments: vec![subtitle.clone()],
     };
-    let written = report::write_profiles(&opts.out, &profiles, &meta, &subtitle)?;
+    let mut written = report::write_profiles(&opts.out, &profiles, &meta, &subtitle)?;
+    let ended_mono = started_mono + elapsed.as_nanos() as u64;
+    let timeline = match &opts.slot_source {
+        Some(SlotSourceSpec::Clock {
+            slot,
+            origin_ns,
+            leader,
+        }) => Timeline::clock(
+            *slot,
+            origin_ns.unwrap_or(started_mono),
+            *leader,
+            started_mono,
+            ended_mono,
+        ),
+        None => Timeline::default(),
+    };
+    if opts.slot_source.is_some() {
+        let per_slot = agg.resolve_slots(&timeline, &stacks, &mut sym);
+        let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
+        slot_export::write_slots(&opts.out, &timeline, &per_slot, &meta, period_ns)?;
+        written.push(opts.out.join("slots/"));
+        if timeline.slots().iter().any(|s| s.window.is_some()) {
+            written.push(opts.out.join("windows/"));
+        }
+        written.push(opts.out.join("index.html"));
+    }
+    let (samples, intervals) = agg.timed_events();
+    let trace = slot_export::trace_json(target.pid, &target.comm, &timeline, &samples, &intervals);
+    let trace_path = opts.out.join("trace.json");
+    crate::output::write_atomic(&trace_path, &serde_json::to_vec(&trace)?)?;
+    written.push(trace_path);
 
     let frame_pointers = FramePointers::judge(target.exe.clone(), fp_scan, profiles.median_user_depth);
     let mut warnings = Vec::new();

@@ -1,0 +1,286 @@
+//! Per-slot and per-leader-window outputs: `slots/<n>/`, `windows/<first>/`,
+//! `trace.json` (Chrome trace events, for Perfetto) and `index.html`.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use flamegraphs::{pprof::ProfileMeta, Folded};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{
+    aggregate::{Profiles, TimedInterval, TimedSample},
+    output::write_atomic,
+    report::write_profiles,
+    slots::{Slot, Timeline},
+};
+
+/// What `slot.json` says about one slot.
+#[derive(Debug, Serialize)]
+pub struct SlotSummary {
+    #[serde(flatten)]
+    pub slot: Slot,
+    pub duration_ms: f64,
+    pub oncpu_samples: u64,
+    /// Samples times the sampling period.
+    pub oncpu_ms: f64,
+    pub offcpu_ms: f64,
+    /// Threads (by name) with their on-CPU and off-CPU ms, busiest first.
+    pub threads: Vec<ThreadTime>,
+    /// Detector findings in this slot (none yet: detectors are issue 4).
+    pub findings: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ThreadTime {
+    pub thread: String,
+    pub oncpu_ms: f64,
+    pub offcpu_ms: f64,
+}
+
+/// Sums a folded profile by its root frame (the thread name).
+fn by_thread(f: &Folded) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for (stack, v) in f.iter() {
+        let root = stack.split(';').next().unwrap_or(stack);
+        *m.entry(root.to_string()).or_default() += v;
+    }
+    m
+}
+
+fn summarize(slot: &Slot, p: &Profiles, period_ns: u64) -> SlotSummary {
+    let on = by_thread(&p.oncpu);
+    let off = by_thread(&p.offcpu);
+    let mut threads: Vec<ThreadTime> = on
+        .keys()
+        .chain(off.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|t| ThreadTime {
+            thread: t.clone(),
+            oncpu_ms: on.get(t).copied().unwrap_or(0) as f64 * period_ns as f64 / 1e6,
+            offcpu_ms: off.get(t).copied().unwrap_or(0) as f64 / 1e6,
+        })
+        .collect();
+    threads.sort_by(|a, b| {
+        b.oncpu_ms
+            .total_cmp(&a.oncpu_ms)
+            .then(b.offcpu_ms.total_cmp(&a.offcpu_ms))
+    });
+    SlotSummary {
+        slot: slot.clone(),
+        duration_ms: slot.duration_ns() as f64 / 1e6,
+        oncpu_samples: p.oncpu.total(),
+        oncpu_ms: p.oncpu.total() as f64 * period_ns as f64 / 1e6,
+        offcpu_ms: p.offcpu.total() as f64 / 1e6,
+        threads,
+        findings: Vec::new(),
+    }
+}
+
+/// Writes `slots/`, `windows/` and `index.html` under `out`; returns the
+/// slot summaries.
+pub fn write_slots(
+    out: &Path,
+    timeline: &Timeline,
+    per_slot: &[Profiles],
+    meta: &ProfileMeta,
+    period_ns: u64,
+) -> anyhow::Result<Vec<SlotSummary>> {
+    let mut summaries = Vec::new();
+    let mut windows: BTreeMap<u64, (Vec<&Slot>, Profiles)> = BTreeMap::new();
+    for (slot, p) in timeline.slots().iter().zip(per_slot) {
+        let dir = out.join("slots").join(slot.number.to_string());
+        let sub = format!(
+            "slot {}{}",
+            slot.number,
+            if slot.leader { " (leader)" } else { "" }
+        );
+        write_profiles(&dir, p, meta, &sub)?;
+        let summary = summarize(slot, p, period_ns);
+        write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
+        summaries.push(summary);
+        if let Some(w) = slot.window {
+            let entry = windows.entry(w).or_insert_with(|| {
+                (
+                    Vec::new(),
+                    Profiles {
+                        oncpu: Folded::new(),
+                        offcpu: Folded::new(),
+                        median_user_depth: None,
+                    },
+                )
+            });
+            entry.0.push(slot);
+            entry.1.oncpu.merge(&p.oncpu);
+            entry.1.offcpu.merge(&p.offcpu);
+        }
+    }
+    for (first, (slots, p)) in &windows {
+        let dir = out.join("windows").join(first.to_string());
+        let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
+        write_profiles(&dir, p, meta, &format!("leader window {numbers:?}"))?;
+        let window = json!({
+            "first_slot": first,
+            "slots": numbers,
+            "start_ns": slots.first().map(|s| s.start_ns),
+            "end_ns": slots.last().map(|s| s.end_ns),
+            "oncpu_samples": p.oncpu.total(),
+            "offcpu_ms": p.offcpu.total() as f64 / 1e6,
+        });
+        write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)?;
+    }
+    write_atomic(&out.join("index.html"), index_html(&summaries).as_bytes())?;
+    Ok(summaries)
+}
+
+/// The Chrome trace-event file: a track per thread with on-CPU samples
+/// (instants) and off-CPU spans, and tracks for slots and leader windows.
+pub fn trace_json(
+    pid: u32,
+    process: &str,
+    timeline: &Timeline,
+    samples: &[TimedSample],
+    intervals: &[TimedInterval],
+) -> serde_json::Value {
+    let us = |ns: u64| ns as f64 / 1e3;
+    // Pseudo-threads for the slot tracks, far from real tids.
+    const SLOTS_TID: u64 = u32::MAX as u64 + 1;
+    const WINDOWS_TID: u64 = SLOTS_TID + 1;
+    let mut events = vec![
+        json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}}),
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": SLOTS_TID, "args": {"name": "slots"}}),
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": WINDOWS_TID, "args": {"name": "leader windows"}}),
+        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": SLOTS_TID, "args": {"sort_index": -2}}),
+        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": WINDOWS_TID, "args": {"sort_index": -1}}),
+    ];
+    let mut named = std::collections::BTreeMap::new();
+    for (tid, comm) in samples
+        .iter()
+        .map(|s| (s.tid, &s.comm))
+        .chain(intervals.iter().map(|i| (i.tid, &i.comm)))
+    {
+        named.entry(tid).or_insert_with(|| comm.clone());
+    }
+    for (tid, comm) in &named {
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}));
+    }
+    for s in timeline.slots() {
+        let name = format!("slot {}{}", s.number, if s.leader { " (leader)" } else { "" });
+        events.push(
+            json!({"ph": "X", "name": name, "cat": "slot", "pid": pid, "tid": SLOTS_TID,
+            "ts": us(s.start_ns), "dur": us(s.duration_ns()),
+            "args": {"slot": s.number, "leader": s.leader, "aligned": s.aligned}}),
+        );
+    }
+    let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for s in timeline.slots() {
+        if let Some(w) = s.window {
+            let e = windows.entry(w).or_insert((s.start_ns, s.end_ns));
+            e.0 = e.0.min(s.start_ns);
+            e.1 = e.1.max(s.end_ns);
+        }
+    }
+    for (w, (start, end)) in windows {
+        events.push(
+            json!({"ph": "X", "name": format!("leader window {w}"), "cat": "window", "pid": pid,
+            "tid": WINDOWS_TID, "ts": us(start), "dur": us(end - start)}),
+        );
+    }
+    for i in intervals {
+        let name = if i.preempted {
+            "off-CPU (waiting for a CPU)"
+        } else {
+            "off-CPU (blocked)"
+        };
+        let dur = us(i.end_ns.saturating_sub(i.start_ns));
+        events.push(
+            json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.tid,
+            "ts": us(i.start_ns), "dur": dur}),
+        );
+    }
+    for s in samples {
+        events.push(
+            json!({"ph": "i", "s": "t", "name": "on-CPU sample", "cat": "oncpu", "pid": pid,
+            "tid": s.tid, "ts": us(s.ts_ns)}),
+        );
+    }
+    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// One static, offline page: a sortable table of slots with links to each
+/// slot's flamegraphs.
+pub fn index_html(slots: &[SlotSummary]) -> String {
+    let mut rows = String::new();
+    for s in slots {
+        let top: Vec<String> = s
+            .threads
+            .iter()
+            .take(3)
+            .map(|t| format!("{} {:.0}/{:.0}", escape(&t.thread), t.oncpu_ms, t.offcpu_ms))
+            .collect();
+        let n = s.slot.number;
+        let _ = writeln!(
+            rows,
+            "<tr{cls}><td>{n}</td><td>{leader}</td><td>{dur:.1}</td><td>{on:.1}</td><td>{off:.1}</td>\
+             <td>{top}</td><td>{findings}</td>\
+             <td><a href=\"slots/{n}/oncpu.svg\">on-CPU</a> <a href=\"slots/{n}/offcpu.svg\">off-CPU</a> \
+             <a href=\"slots/{n}/slot.json\">json</a></td></tr>",
+            cls = if s.slot.aligned {
+                ""
+            } else {
+                " class=\"unaligned\""
+            },
+            leader = if s.slot.leader { "leader" } else { "" },
+            dur = s.duration_ms,
+            on = s.oncpu_ms,
+            off = s.offcpu_ms,
+            top = top.join("<br>"),
+            findings = s.findings.len(),
+        );
+    }
+    format!(
+        r##"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>slotprof: slots</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; vertical-align: top; }}
+td:nth-child(6) {{ text-align: left; font-size: 90%; }}
+th {{ cursor: pointer; background: #eee; }}
+tr.unaligned {{ color: #999; }}
+</style></head>
+<body>
+<h1>slotprof: {count} slots</h1>
+<p>Click a column to sort. Times in ms. Top threads: name on-CPU/off-CPU ms. Grey rows: slot boundaries guessed, not from the slot source.</p>
+<table id="slots"><thead><tr><th>slot</th><th>leader</th><th>duration</th><th>on-CPU</th><th>off-CPU</th><th>top threads</th><th>findings</th><th>flamegraphs</th></tr></thead>
+<tbody>
+{rows}</tbody></table>
+<script>
+document.querySelectorAll("#slots th").forEach(function (th, col) {{
+  th.addEventListener("click", function () {{
+    var body = document.querySelector("#slots tbody");
+    var rows = Array.prototype.slice.call(body.rows);
+    var asc = th.dataset.asc !== "1";
+    th.dataset.asc = asc ? "1" : "0";
+    rows.sort(function (a, b) {{
+      var x = a.cells[col].textContent, y = b.cells[col].textContent;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return asc ? c : -c;
+    }});
+    rows.forEach(function (r) {{ body.appendChild(r); }});
+  }});
+}});
+</script>
+</body></html>
+"##,
+        count = slots.len()
+    )
+}

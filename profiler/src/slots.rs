@@ -1,0 +1,284 @@
+//! The slot timeline: which slot (and leader window) every nanosecond of a
+//! session belongs to.
+//!
+//! Everything slotprof reports per slot is cut along this timeline. It is a
+//! plain sorted list of [`Slot`]s in CLOCK_MONOTONIC nanoseconds (the clock
+//! of `bpf_ktime_get_ns`), built by a slot source; bucketing against it is
+//! a pure function, tested without a kernel.
+
+use std::{str::FromStr, time::Duration};
+
+use serde::Serialize;
+
+/// Slots in a leader window.
+pub const SLOTS_PER_WINDOW: u64 = 4;
+
+/// One slot as seen from this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Slot {
+    pub number: u64,
+    /// CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// This node is the leader for the slot.
+    pub leader: bool,
+    /// First slot of the leader window this slot belongs to, if leader.
+    pub window: Option<u64>,
+    /// The boundaries come from the source (false: guessed, e.g. while the
+    /// slot source was unreachable).
+    pub aligned: bool,
+}
+
+impl Slot {
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// Where slot boundaries come from (`--slot-source`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotSourceSpec {
+    /// `clock=400ms[,origin=NS][,leader=K/M]`: fixed-length slots from
+    /// `origin` (CLOCK_MONOTONIC ns; default: session start). With
+    /// `leader=K/M`, the first K slots of every M are this node's (K a
+    /// multiple of 4 gives whole leader windows).
+    Clock {
+        slot: Duration,
+        origin_ns: Option<u64>,
+        leader: Option<(u64, u64)>,
+    },
+}
+
+impl FromStr for SlotSourceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, rest) = s.split_once('=').ok_or_else(|| {
+            format!("--slot-source {s:?}: expected clock=400ms (rpc= and uprobe= sources are not built yet)")
+        })?;
+        match kind {
+            "clock" => {
+                let mut parts = rest.split(',');
+                let slot = crate::duration::parse(parts.next().unwrap_or(""))?;
+                if slot < Duration::from_millis(1) {
+                    return Err(format!("--slot-source {s:?}: a slot must last at least 1ms"));
+                }
+                let mut origin_ns = None;
+                let mut leader = None;
+                for p in parts {
+                    match p.split_once('=') {
+                        Some(("origin", v)) => {
+                            origin_ns = Some(v.parse().map_err(|_| {
+                                format!("--slot-source: origin={v:?} is not a CLOCK_MONOTONIC time in ns")
+                            })?)
+                        }
+                        Some(("leader", v)) => {
+                            let (k, m) = v
+                                .split_once('/')
+                                .and_then(|(k, m)| Some((k.parse().ok()?, m.parse().ok()?)))
+                                .filter(|&(k, m): &(u64, u64)| k <= m && m > 0)
+                                .ok_or_else(|| {
+                                    format!("--slot-source: leader={v:?}: expected K/M, e.g. 4/16")
+                                })?;
+                            leader = Some((k, m));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "--slot-source: unknown clock option {p:?} (origin=NS, leader=K/M)"
+                            ))
+                        }
+                    }
+                }
+                Ok(Self::Clock {
+                    slot,
+                    origin_ns,
+                    leader,
+                })
+            }
+            "rpc" | "uprobe" => Err(format!(
+                "--slot-source {kind}= is not built yet; use clock=400ms (see issue 3)"
+            )),
+            _ => Err(format!(
+                "--slot-source {s:?}: unknown source {kind:?}; use clock=400ms"
+            )),
+        }
+    }
+}
+
+/// The slots of a session, sorted by start, not overlapping.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Timeline {
+    slots: Vec<Slot>,
+}
+
+impl Timeline {
+    /// A timeline from slots in any order; overlapping slots are cut at the
+    /// next one's start.
+    pub fn new(mut slots: Vec<Slot>) -> Self {
+        slots.sort_by_key(|s| s.start_ns);
+        for i in 1..slots.len() {
+            let next_start = slots[i].start_ns;
+            if slots[i - 1].end_ns > next_start {
+                slots[i - 1].end_ns = next_start;
+            }
+        }
+        Self { slots }
+    }
+
+    /// Fixed-length slots covering `[from_ns, to_ns)`.
+    pub fn clock(
+        slot: Duration,
+        origin_ns: u64,
+        leader: Option<(u64, u64)>,
+        from_ns: u64,
+        to_ns: u64,
+    ) -> Self {
+        let len = slot.as_nanos() as u64;
+        let first = from_ns.saturating_sub(origin_ns) / len;
+        let mut slots = Vec::new();
+        let mut n = first;
+        loop {
+            let start = origin_ns + n * len;
+            if start >= to_ns {
+                break;
+            }
+            let is_leader = leader.is_some_and(|(k, m)| n % m < k);
+            slots.push(Slot {
+                number: n,
+                start_ns: start,
+                end_ns: start + len,
+                leader: is_leader,
+                window: is_leader.then(|| n - n % SLOTS_PER_WINDOW),
+                aligned: true,
+            });
+            n += 1;
+        }
+        Self { slots }
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Index of the slot holding `ts`, if any.
+    pub fn slot_at(&self, ts: u64) -> Option<usize> {
+        let i = self.slots.partition_point(|s| s.start_ns <= ts);
+        let i = i.checked_sub(1)?;
+        (ts < self.slots[i].end_ns).then_some(i)
+    }
+
+    /// How `[start, end)` divides among slots: `(slot index, ns)` for each
+    /// slot it overlaps. Time outside every slot is left out.
+    pub fn split(&self, start: u64, end: u64) -> Vec<(usize, u64)> {
+        let mut out = Vec::new();
+        if end <= start {
+            return out;
+        }
+        let mut i = self.slots.partition_point(|s| s.end_ns <= start);
+        while let Some(s) = self.slots.get(i) {
+            if s.start_ns >= end {
+                break;
+            }
+            let overlap = end.min(s.end_ns).saturating_sub(start.max(s.start_ns));
+            if overlap > 0 {
+                out.push((i, overlap));
+            }
+            i += 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn parses_clock_specs_and_explains_bad_ones() {
+        assert_eq!(
+            "clock=400ms".parse::<SlotSourceSpec>().unwrap(),
+            SlotSourceSpec::Clock {
+                slot: Duration::from_millis(400),
+                origin_ns: None,
+                leader: None
+            }
+        );
+        assert_eq!(
+            "clock=250ms,origin=5,leader=4/16"
+                .parse::<SlotSourceSpec>()
+                .unwrap(),
+            SlotSourceSpec::Clock {
+                slot: Duration::from_millis(250),
+                origin_ns: Some(5),
+                leader: Some((4, 16))
+            }
+        );
+        assert!("clock=fast"
+            .parse::<SlotSourceSpec>()
+            .unwrap_err()
+            .contains("30s"));
+        assert!("clock=400ms,leader=5"
+            .parse::<SlotSourceSpec>()
+            .unwrap_err()
+            .contains("K/M"));
+        assert!("ntp=1"
+            .parse::<SlotSourceSpec>()
+            .unwrap_err()
+            .contains("unknown source"));
+    }
+
+    #[test]
+    fn clock_slots_cover_the_session_with_leader_windows() {
+        let t = Timeline::clock(
+            Duration::from_millis(400),
+            1_000 * MS,
+            Some((4, 8)),
+            1_500 * MS,
+            4_900 * MS,
+        );
+        let nums: Vec<u64> = t.slots().iter().map(|s| s.number).collect();
+        assert_eq!(nums, (1..=9).collect::<Vec<_>>());
+        assert_eq!(t.slots()[0].start_ns, 1_400 * MS);
+        let leaders: Vec<u64> = t.slots().iter().filter(|s| s.leader).map(|s| s.number).collect();
+        assert_eq!(leaders, [1, 2, 3, 8, 9]);
+        assert_eq!(t.slots().iter().find(|s| s.number == 9).unwrap().window, Some(8));
+    }
+
+    #[test]
+    fn intervals_split_at_boundaries_and_gaps_drop_out() {
+        let slot = |number, start, end| Slot {
+            number,
+            start_ns: start,
+            end_ns: end,
+            leader: false,
+            window: None,
+            aligned: true,
+        };
+        // A gap between 20 and 30 (no slot known there).
+        let t = Timeline::new(vec![slot(2, 30, 40), slot(0, 0, 10), slot(1, 10, 20)]);
+        assert_eq!(t.slot_at(0), Some(0));
+        assert_eq!(t.slot_at(19), Some(1));
+        assert_eq!(t.slot_at(25), None);
+        assert_eq!(t.slot_at(40), None);
+        assert_eq!(t.split(5, 35), vec![(0, 5), (1, 10), (2, 5)]);
+        assert_eq!(t.split(21, 29), vec![]);
+        let total: u64 = t.split(0, 40).iter().map(|(_, ns)| ns).sum();
+        assert_eq!(total, 30);
+    }
+
+    #[test]
+    fn overlapping_slots_are_cut() {
+        let slot = |number, start, end| Slot {
+            number,
+            start_ns: start,
+            end_ns: end,
+            leader: false,
+            window: None,
+            aligned: true,
+        };
+        let t = Timeline::new(vec![slot(0, 0, 15), slot(1, 10, 20)]);
+        assert_eq!(t.slots()[0].end_ns, 10);
+    }
+}
