@@ -18,6 +18,16 @@ pub struct Symbolizer {
     processes: HashMap<u32, ProcessMaps>,
     user_cache: HashMap<(PathBuf, u64), Vec<String>>,
     kernel_cache: HashMap<u64, Vec<String>>,
+    /// Our copy of the vDSO image, written on first need, removed on drop.
+    vdso: Option<Option<PathBuf>>,
+}
+
+impl Drop for Symbolizer {
+    fn drop(&mut self) {
+        if let Some(Some(path)) = &self.vdso {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 impl Default for Symbolizer {
@@ -37,6 +47,7 @@ impl Symbolizer {
             processes: HashMap::new(),
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
+            vdso: None,
         }
     }
 
@@ -69,10 +80,17 @@ impl Symbolizer {
             return vec![format!("[unknown] {addr:#x}")];
         };
         let file_offset = lookup - mapping.start + mapping.file_offset;
-        let Some(path) = mapping.path.clone() else {
-            return vec![format!("[unknown] {}+{file_offset:#x}", mapping.label)];
-        };
         let label = mapping.label.clone();
+        let path = match &mapping.path {
+            Some(p) => p.clone(),
+            // The vDSO is the same image in every process on this kernel:
+            // our own copy names its functions (clock_gettime & co.).
+            None if mapping.label == "[vdso]" => match self.vdso.get_or_insert_with(write_vdso_image) {
+                Some(p) => p.clone(),
+                None => return vec![format!("[unknown] [vdso]+{file_offset:#x}")],
+            },
+            None => return vec![format!("[unknown] {}+{file_offset:#x}", mapping.label)],
+        };
         let key = (path, file_offset);
         if let Some(frames) = self.user_cache.get(&key) {
             return frames.clone();
@@ -104,6 +122,19 @@ impl Symbolizer {
         self.kernel_cache.insert(lookup, frames.clone());
         frames
     }
+}
+
+/// Writes this process's vDSO image to a file and returns its path.
+fn write_vdso_image() -> Option<PathBuf> {
+    let maps = crate::maps::ProcessMaps::read(std::process::id()).ok()?;
+    let vdso = maps.mappings().iter().find(|m| m.label == "[vdso]")?;
+    // SAFETY: the vDSO mapping is readable for its whole length for the life
+    // of the process.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(vdso.start as *const u8, (vdso.end - vdso.start) as usize) };
+    let path = std::env::temp_dir().join(format!("slotprof-vdso-{}.so", std::process::id()));
+    std::fs::write(&path, bytes).ok()?;
+    Some(path)
 }
 
 /// A symbol's name and the functions inlined into it at that address,

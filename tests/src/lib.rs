@@ -64,3 +64,14 @@ pub fn name_thread(name: &str) {
     let c = std::ffi::CString::new(name).expect("thread name");
     unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
 }
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` and of slotprof's
+/// slot timeline.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

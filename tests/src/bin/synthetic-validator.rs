@@ -1,0 +1,94 @@
+//! A stand-in for a validator's main loop: it advances a slot every
+//! `--slot-ms` (default 400) from `--origin-ns` (CLOCK_MONOTONIC; default:
+//! now), does light work in `process_slot` every slot and known extra work
+//! in `heavy_slot_work` in every `--heavy-every`-th slot (default 4), and
+//! reports its own slot boundaries.
+//!
+//! `--slots N` (default 12): how many slots to run.
+//! `--report FILE`: where the JSON report goes (default stdout).
+//!
+//! Each slot starts with a call to `synthetic_validator_start_slot(slot)`,
+//! an exported, never-inlined function: the place a uprobe slot source
+//! hooks, like `PohRecorder::set_bank` in Agave.
+
+use std::{hint::black_box, time::Duration};
+
+use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+
+/// Marks the start of a slot (the uprobe target).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn synthetic_validator_start_slot(slot: u64) -> u64 {
+    black_box(slot)
+}
+
+/// Spins for `d` in a dependent chain. Inlined into each caller, so each
+/// caller's samples land in the caller itself (a shared callee would be
+/// tail-called and the caller's frame would vanish from the stack).
+#[inline(always)]
+fn burn(d: Duration, seed: u64) -> u64 {
+    let end = monotonic_ns() + d.as_nanos() as u64;
+    let mut x = seed;
+    while monotonic_ns() < end {
+        for _ in 0..2_000 {
+            x = black_box(x.rotate_left(5) ^ x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+    }
+    x
+}
+
+/// Ordinary per-slot work.
+#[inline(never)]
+fn process_slot(d: Duration) -> u64 {
+    black_box(burn(d, 1))
+}
+
+/// The extra work done only in heavy slots.
+#[inline(never)]
+fn heavy_slot_work(d: Duration) -> u64 {
+    black_box(burn(d, 2))
+}
+
+fn sleep_until(t_ns: u64) {
+    let now = monotonic_ns();
+    if t_ns > now {
+        std::thread::sleep(Duration::from_nanos(t_ns - now));
+    }
+}
+
+fn main() {
+    let flags = Flags::from_env();
+    let slot_ns = (flags.num("slot-ms", 400.0) * 1e6) as u64;
+    let slots = flags.num("slots", 12.0) as u64;
+    let heavy_every = flags.num("heavy-every", 4.0) as u64;
+    let origin = flags
+        .get("origin-ns")
+        .map_or_else(monotonic_ns, |v| v.parse().expect("--origin-ns"));
+    name_thread("bank-loop");
+
+    let mut report = Vec::new();
+    for n in 0..slots {
+        let start = origin + n * slot_ns;
+        sleep_until(start);
+        let began = monotonic_ns();
+        synthetic_validator_start_slot(n);
+        let heavy = heavy_every > 0 && n % heavy_every == 0;
+        process_slot(Duration::from_nanos(slot_ns / 10));
+        if heavy {
+            heavy_slot_work(Duration::from_nanos(slot_ns / 2));
+        }
+        report.push(format!(
+            "{{\"slot\":{n},\"start_ns\":{start},\"began_ns\":{began},\"end_ns\":{},\"heavy\":{heavy}}}",
+            start + slot_ns
+        ));
+    }
+    sleep_until(origin + slots * slot_ns);
+    write_report(
+        &flags,
+        &format!(
+            "{{\"pid\":{},\"slot_ns\":{slot_ns},\"origin_ns\":{origin},\"slots\":[{}]}}",
+            std::process::id(),
+            report.join(",")
+        ),
+    );
+}
