@@ -47,6 +47,41 @@ pub fn render(folded: &Folded, opts: &SvgOptions) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Renders a differential flamegraph: frame widths are `after`, colors show
+/// growth (red) or shrinkage (blue) from `before`. With `normalize`,
+/// `before` is scaled to `after`'s total first (profiles of different
+/// lengths).
+pub fn render_diff(
+    before: &Folded,
+    after: &Folded,
+    normalize: bool,
+    opts: &SvgOptions,
+) -> anyhow::Result<Vec<u8>> {
+    let mut diff = Vec::new();
+    let dopts = inferno::differential::Options {
+        normalize,
+        ..Default::default()
+    };
+    inferno::differential::from_readers(
+        dopts,
+        before.to_text().as_bytes(),
+        after.to_text().as_bytes(),
+        &mut diff,
+    )?;
+    let diff = String::from_utf8(diff)?;
+    if diff.trim().is_empty() {
+        return Ok(empty_svg(&opts.title).into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = opts.title.clone();
+    options.subtitle = opts.subtitle.clone();
+    options.count_name = opts.count_name.clone();
+    options.deterministic = true;
+    let mut out = Vec::new();
+    flamegraph::from_lines(&mut options, diff.lines(), &mut out)?;
+    Ok(out)
+}
+
 fn empty_svg(title: &str) -> String {
     let title = title
         .replace('&', "&amp;")
@@ -73,5 +108,26 @@ mod tests {
         assert!(svg.contains("hot_spin") && svg.starts_with("<?xml"));
         let empty = String::from_utf8(render(&Folded::new(), &SvgOptions::default()).unwrap()).unwrap();
         assert!(empty.contains("no samples"));
+    }
+
+    #[test]
+    fn diff_colors_growth() {
+        let mut before = Folded::new();
+        before.add(["t", "main", "a"], 10);
+        before.add(["t", "main", "b"], 10);
+        let mut after = Folded::new();
+        after.add(["t", "main", "a"], 10);
+        after.add(["t", "main", "b"], 30);
+        let svg =
+            String::from_utf8(render_diff(&before, &after, false, &SvgOptions::default()).unwrap()).unwrap();
+        // b grew by 20: inferno annotates the change in the frame's title.
+        let titles: Vec<&str> = svg
+            .split("<title>")
+            .skip(1)
+            .map(|t| t.split("</title>").next().unwrap())
+            .collect();
+        // b went from half of the profile to three quarters of it.
+        assert!(titles.contains(&"b (30 samples, 75.00%; +50.00%)"), "{titles:?}");
+        assert!(titles.contains(&"a (10 samples, 25.00%; 0.00%)"), "{titles:?}");
     }
 }

@@ -18,6 +18,25 @@ pub enum Command {
     Attach(AttachArgs),
     /// Start a command and profile it from its first instruction.
     Record(RecordArgs),
+    /// Differential flamegraph of two slots, leader windows or sessions.
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// Before: a slot, window or session directory, or a .folded file.
+    pub before: PathBuf,
+    /// After: the same kinds.
+    pub after: PathBuf,
+    /// Compare off-CPU time instead of on-CPU samples.
+    #[arg(long)]
+    pub offcpu: bool,
+    /// Scale `before` to `after`'s total (for profiles of different lengths).
+    #[arg(long)]
+    pub normalize: bool,
+    /// Where to write the SVG.
+    #[arg(short, long, default_value = "diff.svg")]
+    pub out: PathBuf,
 }
 
 /// Options shared by every profiling command.

@@ -62,6 +62,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             finish(session::run(&opts, target, None).await?)
         }
+        Command::Diff(d) => {
+            println!(
+                "{}",
+                profiler::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
+            );
+            Ok(())
+        }
         Command::Record(r) => {
             find_program(&r.command[0])?;
             privileges::require_bpf()?;

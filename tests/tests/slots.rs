@@ -122,3 +122,49 @@ fn clock_slots_match_the_programs_own_and_heavy_slots_stand_out() {
     }
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn index_html_renders_in_chromium_and_sorts() {
+    let Some(_k) = kernel() else { return };
+    let Some(chromium) = chromium() else {
+        eprintln!("SKIPPED: no Chromium (apt-get install chromium; `cargo xtask test` does)");
+        return;
+    };
+    let (out, truth) = run_validator("html", "clock=300ms,origin={origin}", 5);
+    let index = out.join("index.html");
+    let (dom, console) = render_in_chromium(&chromium, &index);
+    assert!(console.is_empty(), "console messages: {console:?}");
+    let slots = truth["slots"].as_array().unwrap();
+    for s in slots {
+        let n = s["slot"].as_u64().unwrap();
+        assert!(
+            dom.contains(&format!("href=\"slots/{n}/oncpu.svg\"")),
+            "slot {n} not in the rendered page"
+        );
+    }
+    // The sorting script works: click the slot column twice (descending).
+    let probe = out.join("index-selftest.html");
+    let html = std::fs::read_to_string(&index).unwrap().replace(
+        "</body>",
+        "<script>var th = document.querySelector('#slots th'); th.click(); th.click();\n\
+         var d = document.createElement('div'); d.id = 'selftest';\n\
+         d.textContent = 'first=' + document.querySelector('#slots tbody tr').cells[0].textContent + ';';\n\
+         document.body.appendChild(d);</script></body>",
+    );
+    std::fs::write(&probe, html).unwrap();
+    let (dom, console) = render_in_chromium(&chromium, &probe);
+    assert!(console.is_empty(), "console messages: {console:?}");
+    let last = slots.iter().filter_map(|s| s["slot"].as_u64()).max().unwrap();
+    let shown_first: u64 = dom
+        .split("id=\"selftest\">first=")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .expect("selftest ran");
+    assert!(
+        shown_first >= last,
+        "sorted descending, first row is slot {shown_first}"
+    );
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}

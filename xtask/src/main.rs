@@ -44,9 +44,15 @@ fn root() -> PathBuf {
 
 /// Runs a command in the workspace, failing with its name when it fails.
 pub fn run(root: &Path, program: &str, args: &[&str]) -> anyhow::Result<()> {
+    run_env(root, program, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+pub fn run_env(root: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
     eprintln!("xtask: $ {program} {}", args.join(" "));
     let status = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()
         .with_context(|| format!("cannot run {program}"))?;
@@ -60,7 +66,7 @@ fn build(root: &Path) -> anyhow::Result<()> {
     run(root, "cargo", &["build", "--release", "--workspace", "--bins"])
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no failure mode.
     unsafe { geteuid() == 0 }
 }
@@ -115,6 +121,7 @@ fn demo(root: &Path) -> anyhow::Result<()> {
 
 fn test(root: &Path) -> anyhow::Result<()> {
     setup::run(root)?;
+    setup::test_tools(root)?;
     build(root)?;
     run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
     run(

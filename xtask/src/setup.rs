@@ -19,6 +19,26 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     bpf_linker(root)
 }
 
+/// What the tests need beyond the build: headless Chromium (index.html is
+/// checked in a real browser). Installed with apt when missing and root;
+/// otherwise the tests that need it say they were skipped.
+pub fn test_tools(root: &Path) -> anyhow::Result<()> {
+    if Path::new("/usr/bin/chromium").exists() {
+        return Ok(());
+    }
+    if !crate::is_root() {
+        eprintln!("xtask: no Chromium and not root: the browser test will be skipped");
+        return Ok(());
+    }
+    let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    let ok = crate::run_env(root, "apt-get", &["update", "-qq"], &env)
+        .and_then(|_| crate::run_env(root, "apt-get", &["install", "-y", "-qq", "chromium"], &env));
+    if let Err(e) = ok {
+        eprintln!("xtask: could not install Chromium ({e:#}): the browser test will be skipped");
+    }
+    Ok(())
+}
+
 fn components(root: &Path) -> anyhow::Result<()> {
     let sysroot = sysroot()?;
     let have_src = Path::new(&sysroot)
