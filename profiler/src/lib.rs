@@ -18,6 +18,7 @@ pub mod probes;
 pub mod report;
 pub mod session;
 pub mod slot_export;
+pub mod slot_sources;
 pub mod slots;
 pub mod target;
 pub mod tracefs;

@@ -188,7 +188,7 @@ fn finish(outcome: session::Outcome) -> anyhow::Result<()> {
     for path in &s.outputs {
         println!("  {path}");
     }
-    for w in &s.warnings {
+    for w in s.warnings.iter().filter(|w| !outcome.printed.contains(w)) {
         eprintln!("slotprof: warning: {w}");
     }
     Ok(())

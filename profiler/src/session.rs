@@ -19,6 +19,7 @@ use crate::{
     probes::{ProbeConfig, Probes},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
     slot_export,
+    slot_sources::{rpc, SharedSlotLog},
     slots::{SlotSourceSpec, Timeline},
     target::Target,
 };
@@ -50,6 +51,8 @@ pub struct HeldChild {
 pub struct Outcome {
     pub summary: Summary,
     pub summary_path: PathBuf,
+    /// Warnings already printed while the session ran (not to repeat).
+    pub printed: Vec<String>,
 }
 
 enum Stop {
@@ -64,6 +67,13 @@ pub async fn run(
     mut target: Target,
     mut held: Option<HeldChild>,
 ) -> anyhow::Result<Outcome> {
+    // The slot source runs beside the session and logs what it sees.
+    let slot_log = SharedSlotLog::default();
+    let source_task = match &opts.slot_source {
+        Some(SlotSourceSpec::Rpc(ep)) => Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone()))),
+        _ => None,
+    };
+
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         min_offcpu: opts.min_offcpu,
@@ -242,6 +252,12 @@ pub async fn run(
             started_mono,
             ended_mono,
         ),
+        Some(SlotSourceSpec::Rpc(_)) => {
+            if let Some(t) = &source_task {
+                t.abort();
+            }
+            slot_log.lock().unwrap().timeline(ended_mono)
+        }
         None => Timeline::default(),
     };
     if opts.slot_source.is_some() {
@@ -280,6 +296,11 @@ pub async fn run(
             p.event,
             p.error.as_deref().unwrap_or("unknown error")
         ));
+    }
+    let printed = slot_log.lock().unwrap().warnings.clone();
+    warnings.extend(printed.iter().cloned());
+    if opts.slot_source.is_some() && timeline.slots().is_empty() {
+        warnings.push("the slot source gave no slot during the session: no per-slot output".to_string());
     }
     if let Some(after) = exited_after {
         warnings.push(format!(
@@ -331,6 +352,7 @@ pub async fn run(
     Ok(Outcome {
         summary,
         summary_path,
+        printed,
     })
 }
 

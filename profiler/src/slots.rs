@@ -47,6 +47,8 @@ pub enum SlotSourceSpec {
         origin_ns: Option<u64>,
         leader: Option<(u64, u64)>,
     },
+    /// `rpc=http://HOST:PORT`: the validator's JSON-RPC (websocket at PORT+1).
+    Rpc(crate::slot_sources::rpc::RpcEndpoint),
 }
 
 impl FromStr for SlotSourceSpec {
@@ -54,7 +56,7 @@ impl FromStr for SlotSourceSpec {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let (kind, rest) = s.split_once('=').ok_or_else(|| {
-            format!("--slot-source {s:?}: expected clock=400ms (rpc= and uprobe= sources are not built yet)")
+            format!("--slot-source {s:?}: expected rpc=http://127.0.0.1:8899 or clock=400ms")
         })?;
         match kind {
             "clock" => {
@@ -95,11 +97,12 @@ impl FromStr for SlotSourceSpec {
                     leader,
                 })
             }
-            "rpc" | "uprobe" => Err(format!(
-                "--slot-source {kind}= is not built yet; use clock=400ms (see issue 3)"
-            )),
+            "rpc" => Ok(Self::Rpc(crate::slot_sources::rpc::RpcEndpoint::parse(rest)?)),
+            "uprobe" => Err(
+                "--slot-source uprobe= is not built yet; use rpc=http://127.0.0.1:8899 or clock=400ms".into(),
+            ),
             _ => Err(format!(
-                "--slot-source {s:?}: unknown source {kind:?}; use clock=400ms"
+                "--slot-source {s:?}: unknown source {kind:?}; use rpc=http://127.0.0.1:8899 or clock=400ms"
             )),
         }
     }

@@ -4,6 +4,8 @@
 //! what it did, so tests compare slotprof's findings against the program's
 //! own ground truth rather than against fixed numbers.
 
+pub mod rpc_fixture;
+
 use std::time::Duration;
 
 /// Minimal flag parsing for the stall programs: `--name value` pairs.

@@ -11,29 +11,49 @@ use slotprof_tests::monotonic_ns;
 /// Runs the synthetic validator under `slotprof record` with `source`
 /// (which may use `{origin}`), returns (output dir, program report).
 fn run_validator(test: &str, source: &str, slots: u32) -> (std::path::PathBuf, serde_json::Value) {
+    let (out, truth, _) = run_validator_with(test, source, slots, &[]);
+    (out, truth)
+}
+
+/// [`run_validator`] with extra program arguments; also returns slotprof's stderr.
+fn run_validator_with(
+    test: &str,
+    source: &str,
+    slots: u32,
+    extra: &[&str],
+) -> (std::path::PathBuf, serde_json::Value, String) {
     let dir = scratch(test);
     let report = dir.join("report.json");
     let out = dir.join("out");
     // Start the slots a little in the future, so both sides share the origin.
     let origin = monotonic_ns() + 500_000_000;
     let source = source.replace("{origin}", &origin.to_string());
-    let o = run_slotprof(&[
-        "record",
-        "--slot-source",
-        &source,
-        "--out",
-        out.to_str().unwrap(),
-        "--",
-        stall_program("synthetic-validator").to_str().unwrap(),
-        "--slots",
-        &slots.to_string(),
-        "--origin-ns",
-        &origin.to_string(),
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+    let o = run_slotprof(
+        &vec![
+            "record",
+            "--slot-source",
+            &source,
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            stall_program("synthetic-validator").to_str().unwrap(),
+            "--slots",
+            &slots.to_string(),
+            "--origin-ns",
+            &origin.to_string(),
+            "--report",
+            report.to_str().unwrap(),
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
+    );
     assert!(o.status.success());
-    (out, read_json(&report))
+    (
+        out,
+        read_json(&report),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 /// Checks slot boundaries against the program's and that `heavy_slot_work`
@@ -166,5 +186,114 @@ fn index_html_renders_in_chromium_and_sorts() {
         shown_first >= last,
         "sorted descending, first row is slot {shown_first}"
     );
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
+/// A free loopback port whose successor is free too (HTTP + websocket).
+fn free_port_pair() -> u16 {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port pair on loopback");
+}
+
+/// Leader windows the fixture's schedule gives for the program's slots
+/// (it leads the first 4 of every 8 slots of the epoch).
+fn expected_windows(truth: &serde_json::Value) -> Vec<String> {
+    let epoch_start = 345_600_000u64;
+    let mut w: Vec<String> = truth["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["slot"].as_u64())
+        .filter(|n| (n - epoch_start) % 8 < 4)
+        .map(|n| (n - n % 4).to_string())
+        .collect();
+    w.dedup();
+    w
+}
+
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn rpc_slots_and_leader_windows_follow_the_validator() {
+    let Some(_k) = kernel() else { return };
+    let port = free_port_pair().to_string();
+    let (out, truth, stderr) = run_validator_with(
+        "rpc",
+        &format!("rpc=http://127.0.0.1:{port}"),
+        12,
+        &["--rpc-port", &port, "--first-slot", "345600102"],
+    );
+    check_slots(&out, &truth);
+    for s in truth["slots"].as_array().unwrap() {
+        let sj = read_json(&out.join("slots").join(s["slot"].to_string()).join("slot.json"));
+        assert_eq!(
+            sj["aligned"], true,
+            "slot {} not aligned with a healthy RPC",
+            s["slot"]
+        );
+        let leader = (s["slot"].as_u64().unwrap() - 345_600_000) % 8 < 4;
+        assert_eq!(sj["leader"], leader, "slot {}", s["slot"]);
+    }
+    assert_eq!(dir_names(&out.join("windows")), expected_windows(&truth));
+    assert!(!stderr.contains("slot source"), "unexpected warning: {stderr}");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn rpc_going_away_mid_run_marks_slots_unaligned_and_warns_once() {
+    let Some(_k) = kernel() else { return };
+    let port = free_port_pair().to_string();
+    let first = 345_600_200u64;
+    let (out, truth, stderr) = run_validator_with(
+        "rpc-stop",
+        &format!("rpc=http://127.0.0.1:{port}"),
+        10,
+        &[
+            "--rpc-port",
+            &port,
+            "--first-slot",
+            &first.to_string(),
+            "--rpc-stop-after",
+            "5",
+        ],
+    );
+    // Profiling went on: every slot of the program has its profile.
+    check_slots(&out, &truth);
+    for s in truth["slots"].as_array().unwrap() {
+        let n = s["slot"].as_u64().unwrap();
+        let sj = read_json(&out.join("slots").join(n.to_string()).join("slot.json"));
+        if n < first + 4 {
+            assert_eq!(
+                sj["aligned"], true,
+                "slot {n} was announced and should be aligned"
+            );
+        }
+        if n >= first + 5 {
+            assert_eq!(sj["aligned"], false, "slot {n} came after the RPC stopped");
+        }
+    }
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("slot source")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("stopped answering") && warnings[0].contains("unaligned"));
+    let s = read_json(&out.join("summary.json"));
+    assert!(s["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("stopped answering")));
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }

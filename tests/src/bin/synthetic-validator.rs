@@ -5,7 +5,12 @@
 //! reports its own slot boundaries.
 //!
 //! `--slots N` (default 12): how many slots to run.
+//! `--first-slot S` (default 0): number of the first slot.
 //! `--report FILE`: where the JSON report goes (default stdout).
+//! `--rpc-port P`: serve a JSON-RPC fixture for these slots on 127.0.0.1:P
+//!   (HTTP) and P+1 (websocket slotSubscribe); `--leader K/M` (default
+//!   4/8): this node leads the first K of every M slots of the epoch;
+//!   `--rpc-stop-after N`: stop answering after N slots.
 //!
 //! Each slot starts with a call to `synthetic_validator_start_slot(slot)`,
 //! an exported, never-inlined function: the place a uprobe slot source
@@ -13,7 +18,11 @@
 
 use std::{hint::black_box, time::Duration};
 
-use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+use slotprof_tests::{
+    monotonic_ns, name_thread,
+    rpc_fixture::{ChainConfig, RpcFixture},
+    write_report, Flags,
+};
 
 /// Marks the start of a slot (the uprobe target).
 #[no_mangle]
@@ -64,6 +73,24 @@ fn main() {
     let origin = flags
         .get("origin-ns")
         .map_or_else(monotonic_ns, |v| v.parse().expect("--origin-ns"));
+    let first = flags.num("first-slot", 0.0) as u64;
+    let stop_after = flags
+        .get("rpc-stop-after")
+        .map(|v| v.parse::<u64>().expect("--rpc-stop-after"));
+    let leader = flags
+        .get("leader")
+        .and_then(|v| v.split_once('/'))
+        .map(|(k, m)| (k.parse().expect("--leader K/M"), m.parse().expect("--leader K/M")))
+        .unwrap_or((4, 8));
+    let mut rpc = flags.get("rpc-port").map(|p| {
+        let chain = ChainConfig {
+            identity: "SLoTPRoFva1idatorXXXXXXXXXXXXXXXXXXXXXXXXXX".to_string(),
+            slots_in_epoch: 432_000,
+            leader,
+        };
+        RpcFixture::start(p.parse().expect("--rpc-port"), chain, first.saturating_sub(1))
+            .expect("start the RPC fixture")
+    });
     name_thread("bank-loop");
 
     let mut report = Vec::new();
@@ -71,14 +98,21 @@ fn main() {
         let start = origin + n * slot_ns;
         sleep_until(start);
         let began = monotonic_ns();
-        synthetic_validator_start_slot(n);
+        if let Some(f) = &mut rpc {
+            if stop_after == Some(n) {
+                f.stop();
+            }
+            f.set_slot(first + n);
+        }
+        synthetic_validator_start_slot(first + n);
         let heavy = heavy_every > 0 && n % heavy_every == 0;
         process_slot(Duration::from_nanos(slot_ns / 10));
         if heavy {
             heavy_slot_work(Duration::from_nanos(slot_ns / 2));
         }
         report.push(format!(
-            "{{\"slot\":{n},\"start_ns\":{start},\"began_ns\":{began},\"end_ns\":{},\"heavy\":{heavy}}}",
+            "{{\"slot\":{},\"start_ns\":{start},\"began_ns\":{began},\"end_ns\":{},\"heavy\":{heavy}}}",
+            first + n,
             start + slot_ns
         ));
     }

@@ -1,0 +1,199 @@
+//! Slot sources: where slot boundaries and the leader schedule come from
+//! while a session runs. Each source appends what it sees to a shared
+//! [`SlotLog`]; at the end [`SlotLog::timeline`] turns it into the
+//! [`Timeline`] that everything is cut along.
+
+pub mod rpc;
+
+use std::sync::{Arc, Mutex};
+
+use crate::slots::{Slot, Timeline, SLOTS_PER_WINDOW};
+
+/// The leader slots of one epoch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpochSchedule {
+    pub first_slot: u64,
+    pub slots_in_epoch: u64,
+    /// Absolute slot numbers this node leads, sorted.
+    pub leader_slots: Vec<u64>,
+}
+
+/// What a slot source saw during a session.
+#[derive(Clone, Debug, Default)]
+pub struct SlotLog {
+    /// `(slot, CLOCK_MONOTONIC ns)` at which the slot was seen to start.
+    pub starts: Vec<(u64, u64)>,
+    pub epochs: Vec<EpochSchedule>,
+    /// Problems with the source, in plain words (each said once).
+    pub warnings: Vec<String>,
+}
+
+/// A [`SlotLog`] shared between a source task and the session.
+pub type SharedSlotLog = Arc<Mutex<SlotLog>>;
+
+impl SlotLog {
+    /// Whether this node leads `slot`, per the schedules fetched.
+    pub fn is_leader(&self, slot: u64) -> bool {
+        self.epochs.iter().any(|e| {
+            slot >= e.first_slot
+                && slot < e.first_slot + e.slots_in_epoch
+                && e.leader_slots.binary_search(&slot).is_ok()
+        })
+    }
+
+    /// First slot of the leader window holding `slot` (windows are 4-slot
+    /// groups aligned to the epoch start).
+    fn window_of(&self, slot: u64) -> u64 {
+        let first = self
+            .epochs
+            .iter()
+            .find(|e| slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch)
+            .map_or(0, |e| e.first_slot);
+        slot - (slot - first) % SLOTS_PER_WINDOW
+    }
+
+    /// Median slot length seen, in ns.
+    pub fn measured_slot_ns(&self) -> Option<u64> {
+        let starts = self.sorted_starts();
+        let mut lens: Vec<u64> = starts
+            .windows(2)
+            .filter(|w| w[1].1 > w[0].1)
+            .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0))
+            .collect();
+        lens.sort_unstable();
+        lens.get(lens.len() / 2).copied()
+    }
+
+    /// Starts sorted by slot, one per slot (the first sighting), with times
+    /// increasing.
+    fn sorted_starts(&self) -> Vec<(u64, u64)> {
+        let mut s = self.starts.clone();
+        s.sort_unstable();
+        s.dedup_by_key(|(slot, _)| *slot);
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(s.len());
+        for (slot, t) in s {
+            if out.last().is_none_or(|&(_, prev)| t > prev) {
+                out.push((slot, t));
+            }
+        }
+        out
+    }
+
+    /// The timeline up to `session_end_ns`. Slots whose start and end were
+    /// both seen are aligned; slots filled in between sightings (missed
+    /// notifications) or after the source went quiet are estimated with the
+    /// measured slot length and marked unaligned.
+    pub fn timeline(&self, session_end_ns: u64) -> Timeline {
+        let starts = self.sorted_starts();
+        let Some(&(last_slot, last_t)) = starts.last() else {
+            return Timeline::default();
+        };
+        let len = self.measured_slot_ns();
+        let mut slots = Vec::new();
+        let mut push = |number: u64, start_ns: u64, end_ns: u64, aligned: bool| {
+            let leader = self.is_leader(number);
+            slots.push(Slot {
+                number,
+                start_ns,
+                end_ns,
+                leader,
+                window: leader.then(|| self.window_of(number)),
+                aligned,
+            });
+        };
+        for w in starts.windows(2) {
+            let ((s0, t0), (s1, t1)) = (w[0], w[1]);
+            let gap = s1 - s0;
+            for k in 0..gap {
+                let start = t0 + (t1 - t0) * k / gap;
+                let end = t0 + (t1 - t0) * (k + 1) / gap;
+                push(s0 + k, start, end, gap == 1);
+            }
+        }
+        match len {
+            // The source was heard from until the session ended (the next
+            // start was not due yet): the last slot is real, cut at the end.
+            Some(len) if session_end_ns <= last_t + len + len / 2 => {
+                push(last_slot, last_t, session_end_ns.max(last_t + 1), true);
+            }
+            // It went quiet: estimate the rest with the measured length.
+            Some(len) => {
+                let mut n = last_slot;
+                let mut t = last_t;
+                while t < session_end_ns {
+                    push(n, t, t + len, false);
+                    n += 1;
+                    t += len;
+                }
+            }
+            None => push(last_slot, last_t, session_end_ns.max(last_t + 1), false),
+        }
+        Timeline::new(slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn log(starts: &[(u64, u64)]) -> SlotLog {
+        SlotLog {
+            starts: starts.to_vec(),
+            epochs: vec![EpochSchedule {
+                first_slot: 1000,
+                slots_in_epoch: 432_000,
+                leader_slots: vec![1004, 1005, 1006, 1007],
+            }],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn seen_slots_are_aligned_and_leaders_form_windows() {
+        let l = log(&[
+            (1004, 0),
+            (1005, 400 * MS),
+            (1006, 800 * MS),
+            (1007, 1200 * MS),
+            (1008, 1600 * MS),
+        ]);
+        assert_eq!(l.measured_slot_ns(), Some(400 * MS));
+        let t = l.timeline(1700 * MS);
+        let s = t.slots();
+        assert_eq!(s.len(), 5);
+        assert!(s.iter().all(|s| s.aligned));
+        assert_eq!(s[1].start_ns, 400 * MS);
+        assert_eq!(s[1].end_ns, 800 * MS);
+        assert_eq!(s.iter().filter(|s| s.leader).count(), 4);
+        assert!(s.iter().filter(|s| s.leader).all(|s| s.window == Some(1004)));
+        assert_eq!(s[4].end_ns, 1700 * MS);
+    }
+
+    #[test]
+    fn missed_and_silent_slots_are_estimated_and_unaligned() {
+        // 1002 was never announced; the source went quiet after 1004.
+        let l = log(&[
+            (1004, 1200 * MS),
+            (1000, 0),
+            (1001, 400 * MS),
+            (1003, 1200 * MS - 400 * MS),
+            (1001, 450 * MS),
+        ]);
+        let t = l.timeline(3000 * MS);
+        let by_num = |n: u64| t.slots().iter().find(|s| s.number == n).unwrap().clone();
+        assert!(by_num(1000).aligned);
+        assert!(!by_num(1001).aligned && !by_num(1002).aligned);
+        assert_eq!(by_num(1002).start_ns, 600 * MS);
+        assert!(by_num(1003).aligned);
+        assert!(!by_num(1004).aligned && !by_num(1007).aligned);
+        assert_eq!(t.slots().last().unwrap().number, 1008);
+        assert!(t.slots().last().unwrap().end_ns >= 3000 * MS);
+    }
+
+    #[test]
+    fn nothing_seen_means_no_slots() {
+        assert!(SlotLog::default().timeline(5).slots().is_empty());
+    }
+}
