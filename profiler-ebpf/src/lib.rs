@@ -30,6 +30,22 @@ pub enum EventKind {
     CpuSample = 1,
     /// [`OffCpuInterval`].
     OffCpu = 2,
+    /// [`SlotMark`].
+    SlotMark = 3,
+}
+
+/// The target called its slot-start function (the uprobe slot source).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SlotMark {
+    /// [`EventKind::SlotMark`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The function's first argument (a slot number, for some targets).
+    pub arg0: u64,
 }
 
 /// One cpu-clock sample of a thread of the target, taken on `cpu`.

@@ -128,6 +128,8 @@ impl Aggregator {
         match event {
             Event::Sample(s) => self.sample(s),
             Event::OffCpu(o) => self.interval(o, false),
+            // Slot marks belong to the slot timeline, not the profile.
+            Event::SlotMark(_) => {}
         }
     }
 

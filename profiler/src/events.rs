@@ -1,12 +1,13 @@
 //! Decoding ring-buffer records.
 
-use profiler_ebpf::{CpuSample, EventKind, OffCpuInterval};
+use profiler_ebpf::{CpuSample, EventKind, OffCpuInterval, SlotMark};
 
 /// One record from the kernel.
 #[derive(Clone, Copy, Debug)]
 pub enum Event {
     Sample(CpuSample),
     OffCpu(OffCpuInterval),
+    SlotMark(SlotMark),
 }
 
 /// Decodes one record; `None` for a record of unknown kind or short length
@@ -17,6 +18,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<CpuSample>(bytes).map(Event::Sample)
     } else if kind == EventKind::OffCpu as u32 {
         read::<OffCpuInterval>(bytes).map(Event::OffCpu)
+    } else if kind == EventKind::SlotMark as u32 {
+        read::<SlotMark>(bytes).map(Event::SlotMark)
     } else {
         None
     }

@@ -11,7 +11,8 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, TracePoint,
+        uprobe::{UProbeAttachLocation, UProbeScope},
+        PerfEvent, TracePoint, UProbe,
     },
     util::online_cpus,
     Ebpf, EbpfLoader, Pod,
@@ -36,6 +37,8 @@ pub struct ProbeConfig {
     /// Have the kernel time every program run (BPF_ENABLE_STATS, for as
     /// long as the probes are loaded; it adds two clock reads per run).
     pub probe_stats: bool,
+    /// A uprobe marking slot starts: (binary, file offset, what to call it).
+    pub slot_uprobe: Option<(std::path::PathBuf, u64, String)>,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -124,6 +127,16 @@ impl Probes {
                 &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
             ),
         ];
+        if let Some((binary, offset, label)) = &config.slot_uprobe {
+            let st = attach_slot_uprobe(&mut ebpf, binary, *offset, config.tgid, label);
+            if !st.attached {
+                bail!(
+                    "the slot uprobe on {label} did not attach: {}",
+                    st.error.as_deref().unwrap_or("unknown error")
+                );
+            }
+            status.push(st);
+        }
         if status.iter().all(|s| !s.attached) {
             let why: Vec<String> = status
                 .drain(..)
@@ -280,6 +293,27 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str
     }
     let (event, err) = last.unwrap_or_else(|| (String::new(), anyhow::anyhow!("no tracepoint to attach to")));
     status(program, event, Err(err))
+}
+
+fn attach_slot_uprobe(
+    ebpf: &mut Ebpf,
+    binary: &std::path::Path,
+    offset: u64,
+    tgid: u32,
+    label: &str,
+) -> ProbeStatus {
+    let name = "slotprof_slot";
+    let result = (|| -> anyhow::Result<()> {
+        let prog: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
+        prog.load()?;
+        let scope = match std::num::NonZeroU32::new(tgid) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        prog.attach(UProbeAttachLocation::AbsoluteOffset(offset), binary, scope)?;
+        Ok(())
+    })();
+    status(name, format!("uprobe:{label}"), result)
 }
 
 fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> ProbeStatus {

@@ -70,7 +70,20 @@ pub async fn run(
     // The slot source runs beside the session and logs what it sees.
     let slot_log = SharedSlotLog::default();
     let source_task = match &opts.slot_source {
-        Some(SlotSourceSpec::Rpc(ep)) => Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone()))),
+        Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
+            Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone())))
+        }
+        _ => None,
+    };
+    let slot_uprobe = match &opts.slot_source {
+        Some(SlotSourceSpec::Uprobe { binary, function, .. }) => {
+            let f = symbolizer::functions::find(binary, function)?;
+            Some((
+                binary.clone(),
+                f.file_offset,
+                format!("{}:{}", binary.display(), f.name),
+            ))
+        }
         _ => None,
     };
 
@@ -79,6 +92,7 @@ pub async fn run(
         min_offcpu: opts.min_offcpu,
         freq_hz: opts.freq_hz,
         probe_stats: opts.probe_stats,
+        slot_uprobe,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
         eprintln!(
@@ -132,7 +146,7 @@ pub async fn run(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg);
+                drain(guard.get_inner_mut(), &mut agg, &slot_log);
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
@@ -162,7 +176,7 @@ pub async fn run(
         }
     };
     let elapsed = started.elapsed();
-    drain(ring.get_mut(), &mut agg);
+    drain(ring.get_mut(), &mut agg, &slot_log);
     if progress {
         eprint!("\r\x1b[K");
     }
@@ -240,6 +254,9 @@ pub async fn run(
     };
     let mut written = report::write_profiles(&opts.out, &profiles, &meta, &subtitle)?;
     let ended_mono = started_mono + elapsed.as_nanos() as u64;
+    if let Some(t) = &source_task {
+        t.abort();
+    }
     let timeline = match &opts.slot_source {
         Some(SlotSourceSpec::Clock {
             slot,
@@ -252,11 +269,9 @@ pub async fn run(
             started_mono,
             ended_mono,
         ),
-        Some(SlotSourceSpec::Rpc(_)) => {
-            if let Some(t) = &source_task {
-                t.abort();
-            }
-            slot_log.lock().unwrap().timeline(ended_mono)
+        Some(SlotSourceSpec::Rpc(_)) => slot_log.lock().unwrap().timeline(ended_mono),
+        Some(SlotSourceSpec::Uprobe { numbers, .. }) => {
+            slot_log.lock().unwrap().uprobe_timeline(*numbers, ended_mono)
         }
         None => Timeline::default(),
     };
@@ -370,9 +385,10 @@ async fn wait_for_exec(held: &Target) -> Target {
     Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
 }
 
-fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, agg: &mut Aggregator) {
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, agg: &mut Aggregator, slot_log: &SharedSlotLog) {
     while let Some(item) = ring.next() {
         match events::decode(&item) {
+            Some(events::Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
             Some(event) => agg.ingest(&event),
             None => agg.malformed += 1,
         }

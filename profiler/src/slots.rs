@@ -49,6 +49,26 @@ pub enum SlotSourceSpec {
     },
     /// `rpc=http://HOST:PORT`: the validator's JSON-RPC (websocket at PORT+1).
     Rpc(crate::slot_sources::rpc::RpcEndpoint),
+    /// `uprobe=BINARY:FUNCTION[,slot=arg0][,rpc=http://HOST:PORT]`: a slot
+    /// starts whenever the target calls FUNCTION (matched by demangled
+    /// name, e.g. `PohRecorder::set_bank`). Slot numbers come from the RPC
+    /// when given, from the function's first argument with `slot=arg0`,
+    /// else from a counter.
+    Uprobe {
+        binary: std::path::PathBuf,
+        function: String,
+        numbers: SlotNumbers,
+        rpc: Option<crate::slot_sources::rpc::RpcEndpoint>,
+    },
+}
+
+/// Where a uprobe slot source takes slot numbers from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotNumbers {
+    /// Counting from 0 at the first call, or matched to the RPC's slots.
+    Counter,
+    /// The probed function's first argument.
+    FirstArgument,
 }
 
 impl FromStr for SlotSourceSpec {
@@ -98,9 +118,33 @@ impl FromStr for SlotSourceSpec {
                 })
             }
             "rpc" => Ok(Self::Rpc(crate::slot_sources::rpc::RpcEndpoint::parse(rest)?)),
-            "uprobe" => Err(
-                "--slot-source uprobe= is not built yet; use rpc=http://127.0.0.1:8899 or clock=400ms".into(),
-            ),
+            "uprobe" => {
+                let mut parts = rest.split(',');
+                let target = parts.next().unwrap_or("");
+                let (binary, function) = target
+                    .split_once(':')
+                    .filter(|(b, f)| !b.is_empty() && !f.is_empty())
+                    .ok_or_else(|| format!("--slot-source {s:?}: expected uprobe=BINARY:FUNCTION"))?;
+                let mut numbers = SlotNumbers::Counter;
+                let mut rpc = None;
+                for p in parts {
+                    match p.split_once('=') {
+                        Some(("slot", "arg0")) => numbers = SlotNumbers::FirstArgument,
+                        Some(("rpc", url)) => rpc = Some(crate::slot_sources::rpc::RpcEndpoint::parse(url)?),
+                        _ => {
+                            return Err(format!(
+                                "--slot-source: unknown uprobe option {p:?} (slot=arg0, rpc=http://HOST:PORT)"
+                            ))
+                        }
+                    }
+                }
+                Ok(Self::Uprobe {
+                    binary: binary.into(),
+                    function: function.to_string(),
+                    numbers,
+                    rpc,
+                })
+            }
             _ => Err(format!(
                 "--slot-source {s:?}: unknown source {kind:?}; use rpc=http://127.0.0.1:8899 or clock=400ms"
             )),
@@ -230,6 +274,27 @@ mod tests {
             .parse::<SlotSourceSpec>()
             .unwrap_err()
             .contains("unknown source"));
+        match "uprobe=/usr/bin/agave-validator:PohRecorder::set_bank,rpc=http://127.0.0.1:8899"
+            .parse::<SlotSourceSpec>()
+            .unwrap()
+        {
+            SlotSourceSpec::Uprobe {
+                binary,
+                function,
+                numbers,
+                rpc,
+            } => {
+                assert_eq!(binary, std::path::PathBuf::from("/usr/bin/agave-validator"));
+                assert_eq!(function, "PohRecorder::set_bank");
+                assert_eq!(numbers, SlotNumbers::Counter);
+                assert_eq!(rpc.unwrap().ws, "ws://127.0.0.1:8900");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!("uprobe=/bin/x"
+            .parse::<SlotSourceSpec>()
+            .unwrap_err()
+            .contains("BINARY:FUNCTION"));
     }
 
     #[test]

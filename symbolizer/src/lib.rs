@@ -10,6 +10,7 @@
 //! `[unknown] module+0xoffset`: a stack is never shortened.
 
 pub mod frame_pointers;
+pub mod functions;
 pub mod maps;
 mod symbolize;
 

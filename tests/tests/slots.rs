@@ -297,3 +297,44 @@ fn rpc_going_away_mid_run_marks_slots_unaligned_and_warns_once() {
         .any(|w| w.as_str().unwrap().contains("stopped answering")));
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn uprobe_slots_follow_the_programs_slot_function() {
+    let Some(_k) = kernel() else { return };
+    // Counter numbering (no RPC): the program's slots start at 0 too.
+    let bin = stall_program("synthetic-validator");
+    let source = format!("uprobe={}:synthetic_validator_start_slot", bin.display());
+    let (out, truth) = run_validator("uprobe", &source, 12);
+    check_slots(&out, &truth);
+    let s = read_json(&out.join("summary.json"));
+    let probe = s["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["program"] == "slotprof_slot")
+        .cloned();
+    assert_eq!(probe.unwrap()["attached"], true);
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn uprobe_slots_take_numbers_and_leaders_from_rpc() {
+    let Some(_k) = kernel() else { return };
+    let port = free_port_pair().to_string();
+    let bin = stall_program("synthetic-validator");
+    let source = format!(
+        "uprobe={}:synthetic_validator_start_slot,rpc=http://127.0.0.1:{port}",
+        bin.display()
+    );
+    let (out, truth, _) = run_validator_with(
+        "uprobe-rpc",
+        &source,
+        12,
+        &["--rpc-port", &port, "--first-slot", "345600300"],
+    );
+    check_slots(&out, &truth);
+    assert_eq!(dir_names(&out.join("windows")), expected_windows(&truth));
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}

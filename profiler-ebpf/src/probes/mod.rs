@@ -2,6 +2,7 @@
 
 mod cpu_sampling;
 mod sched;
+mod slot_mark;
 
 use aya_ebpf::{
     macros::map,

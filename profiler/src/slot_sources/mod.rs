@@ -26,6 +26,9 @@ pub struct SlotLog {
     pub epochs: Vec<EpochSchedule>,
     /// Problems with the source, in plain words (each said once).
     pub warnings: Vec<String>,
+    /// Calls of the uprobe'd slot-start function: `(CLOCK_MONOTONIC ns,
+    /// first argument)`.
+    pub marks: Vec<(u64, u64)>,
 }
 
 /// A [`SlotLog`] shared between a source task and the session.
@@ -50,6 +53,40 @@ impl SlotLog {
             .find(|e| slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch)
             .map_or(0, |e| e.first_slot);
         slot - (slot - first) % SLOTS_PER_WINDOW
+    }
+
+    /// The timeline from uprobe marks: each call starts a slot, numbered
+    /// by the function's first argument, by the RPC slot that started
+    /// closest to it (within half a slot), or by counting on from the
+    /// previous one (from 0).
+    pub fn uprobe_timeline(&self, numbers: crate::slots::SlotNumbers, session_end_ns: u64) -> Timeline {
+        let rpc_len = self.measured_slot_ns();
+        let rpc = self.sorted_starts();
+        let mut marks = self.marks.clone();
+        marks.sort_unstable();
+        let mut starts = Vec::with_capacity(marks.len());
+        let mut prev: Option<u64> = None;
+        for (t, arg0) in marks {
+            let from_rpc = rpc_len.and_then(|len| {
+                rpc.iter()
+                    .min_by_key(|(_, rt)| rt.abs_diff(t))
+                    .filter(|(_, rt)| rt.abs_diff(t) < len / 2)
+                    .map(|(slot, _)| *slot)
+            });
+            let n = match numbers {
+                crate::slots::SlotNumbers::FirstArgument => arg0,
+                crate::slots::SlotNumbers::Counter => from_rpc.unwrap_or_else(|| prev.map_or(0, |p| p + 1)),
+            };
+            starts.push((n, t));
+            prev = Some(n);
+        }
+        SlotLog {
+            starts,
+            epochs: self.epochs.clone(),
+            warnings: Vec::new(),
+            marks: Vec::new(),
+        }
+        .timeline(session_end_ns)
     }
 
     /// Median slot length seen, in ns.
@@ -147,7 +184,29 @@ mod tests {
                 leader_slots: vec![1004, 1005, 1006, 1007],
             }],
             warnings: vec![],
+            marks: vec![],
         }
+    }
+
+    #[test]
+    fn uprobe_marks_take_numbers_from_rpc_or_count() {
+        use crate::slots::SlotNumbers;
+        let mut l = log(&[(1004, 2 * MS), (1005, 402 * MS), (1006, 801 * MS)]);
+        l.marks = vec![(0, 77), (400 * MS, 78), (800 * MS, 79), (1200 * MS, 80)];
+        let t = l.uprobe_timeline(SlotNumbers::Counter, 1500 * MS);
+        let nums: Vec<u64> = t.slots().iter().map(|s| s.number).collect();
+        // The last mark has no RPC slot near it: counted on.
+        assert_eq!(nums, [1004, 1005, 1006, 1007]);
+        assert_eq!(t.slots()[0].start_ns, 0);
+        assert!(t.slots()[0].leader);
+        let t = l.uprobe_timeline(SlotNumbers::FirstArgument, 1500 * MS);
+        assert_eq!(t.slots()[0].number, 77);
+        l.starts.clear();
+        let t = l.uprobe_timeline(SlotNumbers::Counter, 1500 * MS);
+        assert_eq!(
+            t.slots().iter().map(|s| s.number).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
     }
 
     #[test]
