@@ -20,7 +20,7 @@ use crate::{
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
     slot_export,
     slot_sources::{rpc, SharedSlotLog},
-    slots::{SlotSourceSpec, Timeline},
+    slots::{monotonic_ns, SlotSourceSpec, Timeline},
     target::Target,
 };
 
@@ -407,15 +407,6 @@ async fn wait_child(held: &mut Option<HeldChild>) -> std::io::Result<std::proces
         Some(h) => h.child.wait().await,
         None => std::future::pending().await,
     }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn show_progress(elapsed: Duration, total: Option<Duration>, agg: &Aggregator, lost: u64) {

@@ -10,6 +10,18 @@ use std::{str::FromStr, time::Duration};
 
 use serde::Serialize;
 
+/// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns` and so of
+/// every timestamp in a session.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Slots in a leader window.
 pub const SLOTS_PER_WINDOW: u64 = 4;
 
@@ -242,6 +254,17 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn slot(number: u64, start_ns: u64, end_ns: u64) -> Slot {
+        Slot {
+            number,
+            start_ns,
+            end_ns,
+            leader: false,
+            window: None,
+            aligned: true,
+        }
+    }
+
     #[test]
     fn parses_clock_specs_and_explains_bad_ones() {
         assert_eq!(
@@ -316,14 +339,6 @@ mod tests {
 
     #[test]
     fn intervals_split_at_boundaries_and_gaps_drop_out() {
-        let slot = |number, start, end| Slot {
-            number,
-            start_ns: start,
-            end_ns: end,
-            leader: false,
-            window: None,
-            aligned: true,
-        };
         // A gap between 20 and 30 (no slot known there).
         let t = Timeline::new(vec![slot(2, 30, 40), slot(0, 0, 10), slot(1, 10, 20)]);
         assert_eq!(t.slot_at(0), Some(0));
@@ -338,14 +353,6 @@ mod tests {
 
     #[test]
     fn overlapping_slots_are_cut() {
-        let slot = |number, start, end| Slot {
-            number,
-            start_ns: start,
-            end_ns: end,
-            leader: false,
-            window: None,
-            aligned: true,
-        };
         let t = Timeline::new(vec![slot(0, 0, 15), slot(1, 10, 20)]);
         assert_eq!(t.slots()[0].end_ns, 10);
     }

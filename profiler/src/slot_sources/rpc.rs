@@ -19,6 +19,7 @@ use tokio::{
 };
 
 use super::{EpochSchedule, SharedSlotLog};
+use crate::slots::monotonic_ns;
 
 /// Where to reach the RPC.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,15 +122,6 @@ async fn fetch_schedule(ep: &RpcEndpoint, identity: &str) -> anyhow::Result<Epoc
         slots_in_epoch,
         leader_slots,
     })
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Records a slot start; fetches the next epoch's schedule when it begins.
