@@ -11,6 +11,16 @@ pub const COMM_LEN: usize = 16;
 /// Frames kept per stack by the kernel's stack-trace map (its maximum).
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// Distinct futex addresses whose short waits are counted in the kernel.
+pub const FUTEX_ADDR_ENTRIES: u32 = 4096;
+
+/// Futex ops that wait (low bits of `op`, flags masked off).
+pub const fn futex_op_waits(op: u32) -> bool {
+    // FUTEX_WAIT 0, FUTEX_LOCK_PI 6, FUTEX_WAIT_BITSET 9,
+    // FUTEX_WAIT_REQUEUE_PI 11, FUTEX_LOCK_PI2 13.
+    matches!(op & 0x7f, 0 | 6 | 9 | 11 | 13)
+}
+
 /// Entries in the stack-trace map. A full map makes `bpf_get_stackid` fail,
 /// which we count as a lost stack, never as a silent drop.
 pub const STACK_MAP_ENTRIES: u32 = 16 * 1024;
@@ -32,6 +42,116 @@ pub enum EventKind {
     OffCpu = 2,
     /// [`SlotMark`].
     SlotMark = 3,
+    /// [`MadviseCall`].
+    Madvise = 4,
+    /// [`FutexWait`].
+    FutexWait = 5,
+    /// [`LoopMark`].
+    LoopMark = 6,
+}
+
+/// One madvise(2) call of a thread of the target.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MadviseCall {
+    /// [`EventKind::Madvise`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub len: u64,
+    /// MADV_* (4 = DONTNEED, 8 = FREE).
+    pub behavior: u32,
+    /// User stack at the return from the call (still the caller's stack).
+    pub user_stack_id: i32,
+    pub ret: i64,
+    /// TLB flushes this thread did itself while in the call.
+    pub tlb_local: u32,
+    /// Shootdown IPIs it sent to other CPUs while in the call.
+    pub tlb_ipis: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Per-thread state while a target thread is inside madvise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MadviseStart {
+    pub start_ns: u64,
+    pub len: u64,
+    pub behavior: u32,
+    pub tlb_local: u32,
+    pub tlb_ipis: u32,
+    pub _pad: u32,
+}
+
+/// A futex wait of a target thread that lasted at least the minimum
+/// (shorter ones are only counted, per address, in the kernel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FutexWait {
+    /// [`EventKind::FutexWait`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub uaddr: u64,
+    pub op: u32,
+    /// User stack at the return (the waiter's stack).
+    pub user_stack_id: i32,
+    pub ret: i64,
+    /// The thread that woke it last, 0 if unknown, and its stacks at the
+    /// wakeup.
+    pub waker_tid: u32,
+    pub waker_user_stack_id: i32,
+    pub waker_kernel_stack_id: i32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Per-thread state while a target thread is inside futex(2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexStart {
+    pub start_ns: u64,
+    pub uaddr: u64,
+    pub op: u32,
+    pub _pad: u32,
+}
+
+/// Who last woke a thread (kept from switch-in to its next syscall exit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LastWaker {
+    pub tid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Short futex waits, per address: count and total time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexTotals {
+    pub waits: u64,
+    pub wait_ns: u64,
+}
+
+/// The target's main loop started an iteration (uprobe on `--loop-symbol`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LoopMark {
+    /// [`EventKind::LoopMark`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
 }
 
 /// The target called its slot-start function (the uprobe slot source).
@@ -109,7 +229,7 @@ pub struct OffCpuStart {
     /// Process of the sleeping thread (the switch-in side cannot read it).
     pub tgid: u32,
     pub waker_kernel_stack_id: i32,
-    pub _pad: u32,
+    pub waker_user_stack_id: i32,
     pub waker_comm: [u8; COMM_LEN],
 }
 
@@ -124,6 +244,13 @@ pub struct TracepointOffsets {
     pub switch_next_pid: u32,
     pub switch_next_comm: u32,
     pub waking_pid: u32,
+    pub madvise_len: u32,
+    pub madvise_behavior: u32,
+    pub futex_uaddr: u32,
+    pub futex_op: u32,
+    /// `ret` of sys_exit_* (the same in every syscall exit event).
+    pub sys_exit_ret: u32,
+    pub tlb_reason: u32,
     pub _pad: u32,
 }
 
@@ -139,8 +266,14 @@ pub mod counter {
     pub const STACK_LOST: u32 = 3;
     /// Off-CPU starts not recorded because the per-thread map was full.
     pub const OFFCPU_START_LOST: u32 = 4;
+    /// TLB flushes the target's threads did (any reason but remote).
+    pub const TLB_LOCAL: u32 = 5;
+    /// Shootdown IPIs the target's threads sent.
+    pub const TLB_IPIS: u32 = 6;
+    /// Syscall starts (madvise, futex) not recorded: per-thread map full.
+    pub const SYSCALL_START_LOST: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 8;
 }
 
 /// Whether a stack id is an error that means a lost stack (map full or hash

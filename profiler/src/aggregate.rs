@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use flamegraphs::Folded;
-use profiler_ebpf::{stack_lost, CpuSample, OffCpuInterval, COMM_LEN};
+use profiler_ebpf::{stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, COMM_LEN};
 use serde::Serialize;
 use symbolizer::Symbolizer;
 
@@ -68,6 +68,12 @@ pub struct Aggregator {
     sample_log: Vec<(u64, StackKey)>,
     /// Every off-CPU interval.
     interval_log: Vec<Interval>,
+    /// Every madvise call of the target.
+    pub madvise_log: Vec<MadviseCall>,
+    /// Every futex wait over the minimum.
+    pub futex_log: Vec<FutexWait>,
+    /// Main-loop iteration starts (`--loop-symbol`).
+    pub loop_marks: Vec<LoopMark>,
     threads: HashMap<u32, ThreadTotals>,
     longest: Vec<LongInterval>,
     pub samples: u64,
@@ -97,12 +103,12 @@ pub struct TimedInterval {
 
 /// An off-CPU interval as kept for bucketing.
 #[derive(Clone, Copy, Debug)]
-struct Interval {
-    start_ns: u64,
-    end_ns: u64,
-    key: StackKey,
+pub struct Interval {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub key: StackKey,
     /// Runnable but waiting for a CPU, not blocked.
-    preempted: bool,
+    pub preempted: bool,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -130,6 +136,9 @@ impl Aggregator {
             Event::OffCpu(o) => self.interval(o, false),
             // Slot marks belong to the slot timeline, not the profile.
             Event::SlotMark(_) => {}
+            Event::Madvise(m) => self.madvise_log.push(*m),
+            Event::FutexWait(f) => self.futex_log.push(*f),
+            Event::LoopMark(l) => self.loop_marks.push(*l),
         }
     }
 
@@ -286,6 +295,24 @@ impl Aggregator {
             .collect()
     }
 
+    /// Every on-CPU sample: time and stack.
+    pub fn samples(&self) -> &[(u64, StackKey)] {
+        &self.sample_log
+    }
+
+    /// Every off-CPU interval.
+    pub fn intervals(&self) -> &[Interval] {
+        &self.interval_log
+    }
+
+    /// Thread names by tid.
+    pub fn thread_names(&self) -> HashMap<u32, String> {
+        self.threads
+            .iter()
+            .map(|(tid, t)| (*tid, t.comm.clone()))
+            .collect()
+    }
+
     /// Time span of the events seen, CLOCK_MONOTONIC ns.
     pub fn span(&self) -> Option<(u64, u64)> {
         let times = self
@@ -350,15 +377,15 @@ fn describe_waker(task: Option<&(String, u32)>, kernel_frames: &[String]) -> Opt
     })
 }
 
-/// Turns a [`StackKey`] into frames, root first, caching each stack.
-struct StackNamer<'a> {
+/// Turns stack ids into frames, root first, caching each stack.
+pub struct StackNamer<'a> {
     stacks: &'a StackTable,
     sym: &'a mut Symbolizer,
     cache: HashMap<(u32, i32, bool), Vec<String>>,
 }
 
 impl<'a> StackNamer<'a> {
-    fn new(stacks: &'a StackTable, sym: &'a mut Symbolizer) -> Self {
+    pub fn new(stacks: &'a StackTable, sym: &'a mut Symbolizer) -> Self {
         Self {
             stacks,
             sym,
@@ -399,7 +426,7 @@ impl<'a> StackNamer<'a> {
     }
 
     /// The user or kernel part of a stack, root first.
-    fn part(&mut self, tgid: u32, id: i32, kernel: bool) -> Vec<String> {
+    pub fn part(&mut self, tgid: u32, id: i32, kernel: bool) -> Vec<String> {
         let cache_key = (if kernel { 0 } else { tgid }, id, kernel);
         if let Some(f) = self.cache.get(&cache_key) {
             return f.clone();

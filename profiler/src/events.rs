@@ -1,6 +1,6 @@
 //! Decoding ring-buffer records.
 
-use profiler_ebpf::{CpuSample, EventKind, OffCpuInterval, SlotMark};
+use profiler_ebpf::{CpuSample, EventKind, FutexWait, LoopMark, MadviseCall, OffCpuInterval, SlotMark};
 
 /// One record from the kernel.
 #[derive(Clone, Copy, Debug)]
@@ -8,6 +8,9 @@ pub enum Event {
     Sample(CpuSample),
     OffCpu(OffCpuInterval),
     SlotMark(SlotMark),
+    Madvise(MadviseCall),
+    FutexWait(FutexWait),
+    LoopMark(LoopMark),
 }
 
 /// Decodes one record; `None` for a record of unknown kind or short length
@@ -20,6 +23,12 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<OffCpuInterval>(bytes).map(Event::OffCpu)
     } else if kind == EventKind::SlotMark as u32 {
         read::<SlotMark>(bytes).map(Event::SlotMark)
+    } else if kind == EventKind::Madvise as u32 {
+        read::<MadviseCall>(bytes).map(Event::Madvise)
+    } else if kind == EventKind::FutexWait as u32 {
+        read::<FutexWait>(bytes).map(Event::FutexWait)
+    } else if kind == EventKind::LoopMark as u32 {
+        read::<LoopMark>(bytes).map(Event::LoopMark)
     } else {
         None
     }

@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod cli;
+pub mod detectors;
 pub mod diff;
 pub mod duration;
 pub mod events;

@@ -17,7 +17,7 @@ use aya::{
     util::online_cpus,
     Ebpf, EbpfLoader, Pod,
 };
-use profiler_ebpf::{counter, OffCpuStart, TracepointOffsets};
+use profiler_ebpf::{counter, FutexTotals, OffCpuStart, TracepointOffsets};
 use serde::Serialize;
 
 use crate::tracefs;
@@ -39,6 +39,8 @@ pub struct ProbeConfig {
     pub probe_stats: bool,
     /// A uprobe marking slot starts: (binary, file offset, what to call it).
     pub slot_uprobe: Option<(std::path::PathBuf, u64, String)>,
+    /// A uprobe marking main-loop iterations (`--loop-symbol`).
+    pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -72,12 +74,18 @@ pub struct Counters {
     pub stack_lost: u64,
     /// Off-CPU starts the per-thread map could not store.
     pub offcpu_start_lost: u64,
+    /// madvise/futex starts the per-thread maps could not store.
+    pub syscall_start_lost: u64,
+    /// TLB flushes the target's threads did for themselves.
+    pub tlb_local: u64,
+    /// Shootdown IPIs the target's threads sent to other CPUs.
+    pub tlb_ipis: u64,
 }
 
 impl Counters {
     /// Events that did not reach userspace whole.
     pub fn lost(&self) -> u64 {
-        self.ring_full + self.stack_lost + self.offcpu_start_lost
+        self.ring_full + self.stack_lost + self.offcpu_start_lost + self.syscall_start_lost
     }
 }
 
@@ -86,6 +94,12 @@ impl Counters {
 struct Offsets(TracepointOffsets);
 // SAFETY: repr(C) struct of u32s, no padding, any bit pattern valid.
 unsafe impl Pod for Offsets {}
+
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct Totals(FutexTotals);
+// SAFETY: repr(C) plain data, every bit pattern valid.
+unsafe impl Pod for Totals {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -112,6 +126,7 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .override_global("TARGET_TGID", &config.tgid, true)
             .override_global("MIN_OFFCPU_NS", &min_ns, true)
+            .override_global("MIN_FUTEX_NS", &min_ns, true)
             .override_global("TP_OFFSETS", &offsets, true)
             .load(OBJECT)
             .context("loading slotprof's eBPF object failed (is this kernel built with CONFIG_BPF_SYSCALL and BTF?)")?;
@@ -127,15 +142,35 @@ impl Probes {
                 &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
             ),
         ];
-        if let Some((binary, offset, label)) = &config.slot_uprobe {
-            let st = attach_slot_uprobe(&mut ebpf, binary, *offset, config.tgid, label);
-            if !st.attached {
-                bail!(
-                    "the slot uprobe on {label} did not attach: {}",
-                    st.error.as_deref().unwrap_or("unknown error")
-                );
+        // Detector probes: madvise, futex, TLB flushes and shootdown IPIs.
+        for (program, category, name) in [
+            ("slotprof_madvise_enter", "syscalls", "sys_enter_madvise"),
+            ("slotprof_madvise_exit", "syscalls", "sys_exit_madvise"),
+            ("slotprof_futex_enter", "syscalls", "sys_enter_futex"),
+            ("slotprof_futex_exit", "syscalls", "sys_exit_futex"),
+            ("slotprof_tlb_flush", "tlb", "tlb_flush"),
+        ] {
+            status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
+        }
+        status.extend(attach_all(
+            &mut ebpf,
+            "slotprof_ipi_send",
+            &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
+        ));
+        for (program, uprobe) in [
+            ("slotprof_slot", &config.slot_uprobe),
+            ("slotprof_loop", &config.loop_uprobe),
+        ] {
+            if let Some((binary, offset, label)) = uprobe {
+                let st = attach_uprobe(&mut ebpf, program, binary, *offset, config.tgid, label);
+                if !st.attached {
+                    bail!(
+                        "the uprobe on {label} did not attach: {}",
+                        st.error.as_deref().unwrap_or("unknown error")
+                    );
+                }
+                status.push(st);
             }
-            status.push(st);
         }
         if status.iter().all(|s| !s.attached) {
             let why: Vec<String> = status
@@ -198,6 +233,9 @@ impl Probes {
             ring_full: read(counter::RING_FULL)?,
             stack_lost: read(counter::STACK_LOST)?,
             offcpu_start_lost: read(counter::OFFCPU_START_LOST)?,
+            syscall_start_lost: read(counter::SYSCALL_START_LOST)?,
+            tlb_local: read(counter::TLB_LOCAL)?,
+            tlb_ipis: read(counter::TLB_IPIS)?,
         })
     }
 
@@ -211,6 +249,21 @@ impl Probes {
         let stacks = StackTraceMap::try_from(map).ok()?;
         let trace = stacks.get(&(id as u32), 0).ok()?;
         Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Futex waits under the minimum, per address: (address, waits, ns).
+    pub fn short_futex_waits(&self) -> Vec<(u64, u64, u64)> {
+        let Some(map) = self.ebpf.map("FUTEX_SHORT") else {
+            return Vec::new();
+        };
+        let Ok(totals) = BpfHashMap::<_, u64, Totals>::try_from(map) else {
+            return Vec::new();
+        };
+        totals
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(addr, t)| (addr, t.0.waits, t.0.wait_ns))
+            .collect()
     }
 
     /// Threads that are off-CPU right now, with where they went off.
@@ -240,8 +293,31 @@ fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOff
         switch_next_pid: switch.field("next_pid", 4).map_err(unsupported)?.offset,
         switch_next_comm: switch.field("next_comm", 16).map_err(unsupported)?.offset,
         waking_pid: waking.field("pid", 4).map_err(unsupported)?.offset,
+        // Syscall and TLB layouts: a kernel without these tracepoints gets
+        // the detectors' probes reported as not attached, not a failure.
+        madvise_len: opt_field(tracefs, "syscalls", "sys_enter_madvise", "len_in", 8, 24),
+        madvise_behavior: opt_field(tracefs, "syscalls", "sys_enter_madvise", "behavior", 8, 32),
+        futex_uaddr: opt_field(tracefs, "syscalls", "sys_enter_futex", "uaddr", 8, 16),
+        futex_op: opt_field(tracefs, "syscalls", "sys_enter_futex", "op", 8, 24),
+        sys_exit_ret: opt_field(tracefs, "syscalls", "sys_exit_futex", "ret", 8, 16),
+        tlb_reason: opt_field(tracefs, "tlb", "tlb_flush", "reason", 4, 8),
         _pad: 0,
     })
+}
+
+/// A field's offset, or `default` when the tracepoint is missing (its
+/// probe will then fail to attach and say so).
+fn opt_field(
+    tracefs: &std::path::Path,
+    category: &str,
+    name: &str,
+    field: &str,
+    size: u32,
+    default: u32,
+) -> u32 {
+    tracefs::Format::read(tracefs, category, name)
+        .and_then(|f| f.field(field, size))
+        .map_or(default, |f| f.offset)
 }
 
 fn attach_cpu_clock(ebpf: &mut Ebpf, freq_hz: u64) -> ProbeStatus {
@@ -263,6 +339,31 @@ fn attach_cpu_clock(ebpf: &mut Ebpf, freq_hz: u64) -> ProbeStatus {
         Ok(())
     })();
     status(name, event, result)
+}
+
+/// Attaches `program` to every one of `tracepoints`, one status each.
+fn attach_all(ebpf: &mut Ebpf, program: &'static str, tracepoints: &[(&str, &str)]) -> Vec<ProbeStatus> {
+    let loaded = (|| -> anyhow::Result<()> {
+        let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
+        prog.load()?;
+        Ok(())
+    })();
+    tracepoints
+        .iter()
+        .map(|(category, name)| {
+            let event = format!("{category}:{name}");
+            let result = match &loaded {
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+                Ok(()) => (|| -> anyhow::Result<()> {
+                    let prog: &mut TracePoint =
+                        ebpf.program_mut(program).context("program missing")?.try_into()?;
+                    prog.attach(category, name)?;
+                    Ok(())
+                })(),
+            };
+            status(program, event, result)
+        })
+        .collect()
 }
 
 /// Attaches `program` to the first of `candidates` that exists.
@@ -295,14 +396,14 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str
     status(program, event, Err(err))
 }
 
-fn attach_slot_uprobe(
+fn attach_uprobe(
     ebpf: &mut Ebpf,
+    name: &'static str,
     binary: &std::path::Path,
     offset: u64,
     tgid: u32,
     label: &str,
 ) -> ProbeStatus {
-    let name = "slotprof_slot";
     let result = (|| -> anyhow::Result<()> {
         let prog: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
         prog.load()?;

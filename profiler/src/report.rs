@@ -93,6 +93,7 @@ pub struct Lost {
     pub ring_buffer_full: u64,
     pub stacks: u64,
     pub offcpu_map_full: u64,
+    pub syscall_map_full: u64,
     pub malformed_records: u64,
     pub total: u64,
 }
@@ -103,6 +104,7 @@ impl Lost {
             ring_buffer_full: c.ring_full,
             stacks: c.stack_lost,
             offcpu_map_full: c.offcpu_start_lost,
+            syscall_map_full: c.syscall_start_lost,
             malformed_records: malformed,
             total: c.lost() + malformed,
         }

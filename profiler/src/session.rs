@@ -93,6 +93,7 @@ pub async fn run(
         freq_hz: opts.freq_hz,
         probe_stats: opts.probe_stats,
         slot_uprobe,
+        loop_uprobe: None,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
         eprintln!(

@@ -3,13 +3,16 @@
 mod cpu_sampling;
 mod sched;
 mod slot_mark;
+mod syscalls;
+mod tlb;
 
 use aya_ebpf::{
     macros::map,
     maps::{LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use profiler_ebpf::{
-    counter, OffCpuStart, TracepointOffsets, OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
+    counter, FutexStart, FutexTotals, LastWaker, MadviseStart, OffCpuStart, TracepointOffsets,
+    FUTEX_ADDR_ENTRIES, OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
 };
 
 // Settings written by userspace before load (`EbpfLoader::set_global`).
@@ -29,8 +32,17 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     switch_next_pid: 56,
     switch_next_comm: 40,
     waking_pid: 24,
+    madvise_len: 24,
+    madvise_behavior: 32,
+    futex_uaddr: 16,
+    futex_op: 24,
+    sys_exit_ret: 16,
+    tlb_reason: 8,
     _pad: 0,
 };
+/// Futex waits shorter than this are only counted per address.
+#[no_mangle]
+static MIN_FUTEX_NS: u64 = 1_000_000;
 
 #[inline(always)]
 fn target_tgid() -> u32 {
@@ -40,6 +52,11 @@ fn target_tgid() -> u32 {
 #[inline(always)]
 fn min_offcpu_ns() -> u64 {
     unsafe { core::ptr::read_volatile(&MIN_OFFCPU_NS) }
+}
+
+#[inline(always)]
+fn min_futex_ns() -> u64 {
+    unsafe { core::ptr::read_volatile(&MIN_FUTEX_NS) }
 }
 
 #[inline(always)]
@@ -64,6 +81,22 @@ static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 /// Threads of the target that are off-CPU right now, by tid.
 #[map]
 static OFFCPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// Target threads inside madvise(2), by tid.
+#[map]
+static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// Target threads inside futex(2), by tid.
+#[map]
+static FUTEX_START: LruHashMap<u32, FutexStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// Who last woke each target thread.
+#[map]
+static LAST_WAKER: LruHashMap<u32, LastWaker> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// Futex waits under the minimum, per address.
+#[map]
+static FUTEX_SHORT: LruHashMap<u64, FutexTotals> = LruHashMap::with_max_entries(FUTEX_ADDR_ENTRIES, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

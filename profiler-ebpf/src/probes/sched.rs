@@ -9,9 +9,11 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use profiler_ebpf::{counter, EventKind, OffCpuInterval, OffCpuStart, COMM_LEN};
+use profiler_ebpf::{counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN};
 
-use super::{count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, OFFCPU_START};
+use super::{
+    count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, LAST_WAKER, OFFCPU_START,
+};
 
 #[tracepoint]
 pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
@@ -34,7 +36,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
                 waker_tgid: 0,
                 tgid,
                 waker_kernel_stack_id: -1,
-                _pad: 0,
+                waker_user_stack_id: -1,
                 waker_comm: [0; COMM_LEN],
             };
             if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
@@ -54,6 +56,17 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     };
     let start = unsafe { *start };
     let _ = OFFCPU_START.remove(&tid);
+    if start.waker_tid != 0 {
+        // For the futex probe: who ended this thread's wait.
+        let waker = LastWaker {
+            tid: start.waker_tid,
+            user_stack_id: start.waker_user_stack_id,
+            kernel_stack_id: start.waker_kernel_stack_id,
+            _pad: 0,
+            comm: start.waker_comm,
+        };
+        let _ = LAST_WAKER.insert(&tid, &waker, 0);
+    }
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
@@ -97,8 +110,10 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     // tells which (userspace reads it only for the intervals it reports).
     let pid_tgid = bpf_get_current_pid_tgid();
     let waker_kernel_stack_id = stack_id(&ctx, 0);
+    let waker_user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
     unsafe {
         (*start).waker_kernel_stack_id = waker_kernel_stack_id;
+        (*start).waker_user_stack_id = waker_user_stack_id;
         (*start).waker_tid = pid_tgid as u32;
         (*start).waker_tgid = (pid_tgid >> 32) as u32;
         (*start).waker_comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);

@@ -1,3 +1,5 @@
+//! Marks from uprobes on the target's own functions.
+//!
 //! Slot starts from a uprobe on the target's own "new bank" function
 //! (e.g. `PohRecorder::set_bank` in Agave): the most precise slot boundary
 //! there is, taken in the thread that starts the slot.
@@ -7,7 +9,7 @@ use aya_ebpf::{
     macros::uprobe,
     programs::ProbeContext,
 };
-use profiler_ebpf::{counter, EventKind, SlotMark};
+use profiler_ebpf::{counter, EventKind, LoopMark, SlotMark};
 
 use super::{count, is_target, EVENTS};
 
@@ -29,6 +31,29 @@ pub fn slotprof_slot(ctx: ProbeContext) -> u32 {
         tgid,
         tid: pid_tgid as u32,
         arg0: ctx.arg::<u64>(0).unwrap_or(0),
+    });
+    entry.submit(0);
+    0
+}
+
+/// An iteration of the target's main loop starts (`--loop-symbol`).
+#[uprobe]
+pub fn slotprof_loop(_ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<LoopMark>(0) else {
+        count(counter::RING_FULL);
+        return 0;
+    };
+    entry.write(LoopMark {
+        kind: EventKind::LoopMark as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        tgid,
+        tid: pid_tgid as u32,
     });
     entry.submit(0);
     0

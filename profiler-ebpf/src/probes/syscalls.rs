@@ -1,0 +1,157 @@
+//! madvise(2) and futex(2) of the target, from the syscalls tracepoints.
+//!
+//! Enter records the arguments per thread (a map write, no stack); exit
+//! emits the call with the user stack taken there: the thread is still in
+//! its own context returning from the syscall, so its user stack is the
+//! caller's, and short futex waits never pay for a stack walk at all.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use profiler_ebpf::{
+    counter, futex_op_waits, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall, MadviseStart,
+    COMM_LEN,
+};
+
+use super::{
+    count, is_target, min_futex_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_SHORT, FUTEX_START,
+    LAST_WAKER, MADVISE_START,
+};
+
+#[tracepoint]
+pub fn slotprof_madvise_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let off = offsets();
+    let start = MadviseStart {
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        len: unsafe { ctx.read_at::<u64>(off.madvise_len as usize) }.unwrap_or(0),
+        behavior: unsafe { ctx.read_at::<u64>(off.madvise_behavior as usize) }.unwrap_or(0) as u32,
+        tlb_local: 0,
+        tlb_ipis: 0,
+        _pad: 0,
+    };
+    if MADVISE_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
+        count(counter::SYSCALL_START_LOST);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(start) = MADVISE_START.get_ptr(&tid) else {
+        return 0;
+    };
+    let start = unsafe { *start };
+    let _ = MADVISE_START.remove(&tid);
+    let Some(mut entry) = EVENTS.reserve::<MadviseCall>(0) else {
+        count(counter::RING_FULL);
+        return 0;
+    };
+    entry.write(MadviseCall {
+        kind: EventKind::Madvise as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        start_ns: start.start_ns,
+        end_ns: unsafe { bpf_ktime_get_ns() },
+        tgid: (pid_tgid >> 32) as u32,
+        tid,
+        len: start.len,
+        behavior: start.behavior,
+        user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+        ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
+        tlb_local: start.tlb_local,
+        tlb_ipis: start.tlb_ipis,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    });
+    entry.submit(0);
+    0
+}
+
+#[tracepoint]
+pub fn slotprof_futex_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let off = offsets();
+    let op = unsafe { ctx.read_at::<u64>(off.futex_op as usize) }.unwrap_or(0) as u32;
+    if !futex_op_waits(op) {
+        return 0;
+    }
+    let start = FutexStart {
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        uaddr: unsafe { ctx.read_at::<u64>(off.futex_uaddr as usize) }.unwrap_or(0),
+        op,
+        _pad: 0,
+    };
+    if FUTEX_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
+        count(counter::SYSCALL_START_LOST);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(start) = FUTEX_START.get_ptr(&tid) else {
+        return 0;
+    };
+    let start = unsafe { *start };
+    let _ = FUTEX_START.remove(&tid);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let waited = now.saturating_sub(start.start_ns);
+    if waited < min_futex_ns() {
+        // Short: only counted, per address.
+        match FUTEX_SHORT.get_ptr_mut(&start.uaddr) {
+            Some(t) => unsafe {
+                (*t).waits += 1;
+                (*t).wait_ns += waited;
+            },
+            None => {
+                let t = FutexTotals {
+                    waits: 1,
+                    wait_ns: waited,
+                };
+                let _ = FUTEX_SHORT.insert(&start.uaddr, &t, 0);
+            }
+        }
+        return 0;
+    }
+    let waker = LAST_WAKER.get_ptr(&tid).map(|w| unsafe { *w });
+    let _ = LAST_WAKER.remove(&tid);
+    let Some(mut entry) = EVENTS.reserve::<FutexWait>(0) else {
+        count(counter::RING_FULL);
+        return 0;
+    };
+    let (waker_tid, wu, wk, wcomm) = match waker {
+        Some(w) => (w.tid, w.user_stack_id, w.kernel_stack_id, w.comm),
+        None => (0, -1, -1, [0; COMM_LEN]),
+    };
+    entry.write(FutexWait {
+        kind: EventKind::FutexWait as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        start_ns: start.start_ns,
+        end_ns: now,
+        tgid: (pid_tgid >> 32) as u32,
+        tid,
+        uaddr: start.uaddr,
+        op: start.op,
+        user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+        ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
+        waker_tid,
+        waker_user_stack_id: wu,
+        waker_kernel_stack_id: wk,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        waker_comm: wcomm,
+    });
+    entry.submit(0);
+    0
+}

@@ -1,0 +1,164 @@
+//! `LockContention`: the futex addresses (locks, condition variables,
+//! channels) the target's threads waited on most, per slot, with the
+//! waiting stack and, when known, who woke the waiters and from where.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::{ms, Buckets, DetectorConfig, Finding, Inputs, NameStack};
+
+#[derive(Default)]
+struct Acc {
+    waits: u64,
+    ns: u64,
+    first_ns: u64,
+    waiters: BTreeSet<u32>,
+    /// (tid, user stack) -> ns.
+    waiter_stacks: HashMap<(u32, i32), u64>,
+    /// waker (tid, user stack) -> wakeups.
+    wakers: HashMap<(u32, i32), u64>,
+    waker_names: BTreeMap<u32, String>,
+    slot: Option<u64>,
+}
+
+pub fn detect(
+    inputs: &Inputs,
+    config: &DetectorConfig,
+    buckets: &Buckets,
+    names: &mut NameStack,
+) -> Vec<Finding> {
+    let mut acc: BTreeMap<(u64, u64), Acc> = BTreeMap::new();
+    for f in inputs.futex {
+        let Some((slot, bucket)) = buckets.of(f.start_ns) else {
+            continue;
+        };
+        let a = acc.entry((bucket, f.uaddr)).or_default();
+        let dur = f.end_ns.saturating_sub(f.start_ns);
+        if a.waits == 0 {
+            a.first_ns = f.start_ns;
+        }
+        a.waits += 1;
+        a.ns += dur;
+        a.first_ns = a.first_ns.min(f.start_ns);
+        a.waiters.insert(f.tid);
+        *a.waiter_stacks.entry((f.tid, f.user_stack_id)).or_default() += dur;
+        if f.waker_tid != 0 {
+            *a.wakers.entry((f.waker_tid, f.waker_user_stack_id)).or_default() += 1;
+            a.waker_names
+                .insert(f.waker_tid, crate::events::comm_str(&f.waker_comm));
+        }
+        a.slot = slot;
+    }
+    let short: HashMap<u64, (u64, u64)> = inputs
+        .short_futex
+        .iter()
+        .map(|&(a, w, ns)| (a, (w, ns)))
+        .collect();
+    let mut findings = Vec::new();
+    for ((_, uaddr), a) in acc {
+        if a.ns < config.lock_threshold_ns {
+            continue;
+        }
+        let ((top_tid, top_stack), _) = a
+            .waiter_stacks
+            .iter()
+            .max_by_key(|(k, ns)| (**ns, **k))
+            .map(|(k, v)| (*k, *v))
+            .unwrap_or(((0, -1), 0));
+        let stack = names(inputs.pid, top_stack, false);
+        let waker = a.wakers.iter().max_by_key(|(k, n)| (**n, **k)).map(|(k, _)| *k);
+        let waker_stack = waker
+            .map(|(_, s)| names(inputs.pid, s, false))
+            .unwrap_or_default();
+        let wakers: Vec<String> = a.waker_names.iter().map(|(t, n)| format!("{n}/{t}")).collect();
+        let (short_waits, short_ns) = short.get(&uaddr).copied().unwrap_or((0, 0));
+        let waiter_names: Vec<String> = a.waiters.iter().map(|t| inputs.thread_name(*t)).collect();
+        findings.push(Finding {
+            kind: "LockContention",
+            slot: a.slot,
+            pid: inputs.pid,
+            tid: top_tid,
+            thread: inputs.thread_name(top_tid),
+            start_ns: a.first_ns,
+            duration_ns: a.ns,
+            magnitudes: BTreeMap::from([
+                ("address", uaddr as f64),
+                ("waits", a.waits as f64),
+                ("wait_ms", ms(a.ns)),
+                ("waiters", a.waiters.len() as f64),
+                ("short_waits_in_session", short_waits as f64),
+                ("short_wait_ms_in_session", ms(short_ns)),
+            ]),
+            cause: None,
+            stack,
+            waker_stack,
+            explanation: format!(
+                "{} waited {:.1} ms in {} waits on the futex at {uaddr:#x}{}",
+                waiter_names.join(", "),
+                ms(a.ns),
+                a.waits,
+                if wakers.is_empty() {
+                    String::new()
+                } else {
+                    format!("; woken by {}", wakers.join(", "))
+                }
+            ),
+            advice: "shorten what the waker does while it holds the lock, or take the lock off the hot path \
+                     (read-mostly data: an RwLock or arc-swap; counters: per-thread); see the waiting and \
+                     waking stacks"
+                .to_string(),
+        });
+    }
+    findings.sort_by(|x, y| y.duration_ns.cmp(&x.duration_ns));
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detectors::test_support::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_most_waited_lock_comes_first_with_both_stacks() {
+        let names = HashMap::from([
+            (1, "main".to_string()),
+            (2, "worker".to_string()),
+            (3, "holder".to_string()),
+        ]);
+        let waits = [
+            futex(1, 0, 10 * MS, 0xaa0, 7, 3),
+            futex(2, MS, 8 * MS, 0xaa0, 8, 3),
+            futex(1, 50 * MS, 3 * MS, 0xbb0, 9, 0),
+            futex(1, 90 * MS, MS / 2, 0xcc0, 9, 0),
+        ];
+        let inp = Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &[],
+            futex: &waits,
+            loop_marks: &[],
+            short_futex: &[(0xaa0, 100, 5 * MS)],
+            thread_names: &names,
+        };
+        let mut n = namer(HashMap::from([
+            (7, vec!["main", "wait_for_bank_lock"]),
+            (8, vec!["worker", "wait_for_bank_lock"]),
+            (90, vec!["holder", "hold_bank_lock", "unlock"]),
+        ]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.len(), 2, "0xcc0 is under the threshold");
+        assert_eq!(f[0].magnitudes["address"], 0xaa0 as f64);
+        assert_eq!(f[0].magnitudes["waiters"], 2.0);
+        assert_eq!(f[0].magnitudes["wait_ms"], 18.0);
+        assert_eq!(f[0].magnitudes["short_waits_in_session"], 100.0);
+        assert_eq!(f[0].stack, ["main", "wait_for_bank_lock"]);
+        assert_eq!(f[0].waker_stack, ["holder", "hold_bank_lock", "unlock"]);
+        assert!(
+            f[0].explanation.contains("woken by holder/3"),
+            "{}",
+            f[0].explanation
+        );
+    }
+}

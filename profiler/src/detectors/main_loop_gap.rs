@@ -1,0 +1,311 @@
+//! `MainLoopGap`: an iteration of the main loop that took longer than the
+//! threshold (default 5 ms), decomposed into where the time went: on-CPU
+//! (with the top stack), blocked (lock wait, sleep, I/O, poll), waiting for
+//! a CPU, and madvise.
+//!
+//! Iterations come from `--loop-symbol` (a uprobe on the per-iteration
+//! function). Without it, every off-CPU interval of the loop thread over
+//! the threshold is a gap (on-CPU stalls are then invisible).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{ms, overlap, Buckets, DetectorConfig, Finding, Inputs, NameStack};
+
+/// What blocked a thread, from the kernel stack it slept in.
+pub fn blocked_on(kernel_frames: &[String]) -> &'static str {
+    let has = |pat: &str| kernel_frames.iter().any(|f| f.contains(pat));
+    if has("futex") {
+        "lock wait (futex)"
+    } else if has("nanosleep") || has("hrtimer_sleep") || has("do_nanosleep") {
+        "sleep"
+    } else if has("io_schedule") || has("blk_") || has("filemap_") || has("ext4") || has("xfs") {
+        "I/O"
+    } else if has("poll") || has("select") {
+        "poll/epoll"
+    } else {
+        "blocked (other)"
+    }
+}
+
+fn advice(cause: &str) -> &'static str {
+    match cause {
+        "lock wait (futex)" => "the loop waited for a lock held elsewhere: see the LockContention finding for the lock and who held it; take the lock off the loop or shorten the holder's critical section",
+        "sleep" => "the loop slept: remove sleeps and timed waits from the hot path",
+        "I/O" => "the loop waited for I/O: move file and disk access off the loop thread",
+        "poll/epoll" => "the loop waited in poll/epoll: check timeouts on the loop's event wait",
+        "madvise" => "the loop returned memory to the kernel itself: see SyncAllocatorPurge; purge in the background (jemalloc background_thread:true) and drop big structures on another thread",
+        "waiting for a CPU" => "the loop was runnable but had no CPU: pin it to a reserved core (isolcpus/cpuset) and keep other busy threads off that core",
+        _ => "the loop was busy on-CPU: see the stack; move that work off the loop thread (e.g. drop big structures on a reaper thread)",
+    }
+}
+
+pub fn detect(
+    inputs: &Inputs,
+    config: &DetectorConfig,
+    buckets: &Buckets,
+    names: &mut NameStack,
+) -> Vec<Finding> {
+    let Some(tid) = inputs.loop_tid(config) else {
+        return Vec::new();
+    };
+    let mut marks: Vec<u64> = inputs
+        .loop_marks
+        .iter()
+        .filter(|m| m.tid == tid)
+        .map(|m| m.ts_ns)
+        .collect();
+    marks.sort_unstable();
+    let intervals: Vec<_> = inputs.intervals.iter().filter(|i| i.key.tid == tid).collect();
+    let windows: Vec<(u64, u64)> = if marks.is_empty() {
+        intervals
+            .iter()
+            .filter(|i| i.end_ns - i.start_ns > config.gap_threshold_ns)
+            .map(|i| (i.start_ns, i.end_ns))
+            .collect()
+    } else {
+        marks
+            .windows(2)
+            .filter(|w| w[1] - w[0] > config.gap_threshold_ns)
+            .map(|w| (w[0], w[1]))
+            .collect()
+    };
+    let samples: Vec<_> = inputs.samples.iter().filter(|(_, k)| k.tid == tid).collect();
+    let madvise: Vec<_> = inputs.madvise.iter().filter(|m| m.tid == tid).collect();
+    let futex: Vec<_> = inputs.futex.iter().filter(|f| f.tid == tid).collect();
+
+    let mut findings = Vec::new();
+    for (a, b) in windows {
+        let Some((slot, _)) = buckets.of(a) else { continue };
+        let gap = b - a;
+        let mut runqueue = 0;
+        let mut blocked: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut biggest_block: Option<(u64, &crate::aggregate::Interval)> = None;
+        for i in &intervals {
+            let o = overlap(a, b, i.start_ns, i.end_ns);
+            if o == 0 {
+                continue;
+            }
+            if i.preempted {
+                runqueue += o;
+                continue;
+            }
+            let kernel = names(i.key.tgid, i.key.kernel_stack_id, true);
+            *blocked.entry(blocked_on(&kernel)).or_default() += o;
+            if biggest_block.is_none_or(|(n, _)| o > n) {
+                biggest_block = Some((o, i));
+            }
+        }
+        let blocked_total: u64 = blocked.values().sum();
+        let madvise_ns: u64 = madvise.iter().map(|m| overlap(a, b, m.start_ns, m.end_ns)).sum();
+        let futex_ns: u64 = futex.iter().map(|f| overlap(a, b, f.start_ns, f.end_ns)).sum();
+        let oncpu = gap.saturating_sub(runqueue + blocked_total);
+        let oncpu_other = oncpu.saturating_sub(madvise_ns);
+
+        let mut parts: Vec<(&'static str, u64)> = vec![
+            ("on-CPU", oncpu_other),
+            ("waiting for a CPU", runqueue),
+            ("madvise", madvise_ns),
+        ];
+        parts.extend(blocked.iter().map(|(k, v)| (*k, *v)));
+        parts.sort_by(|x, y| y.1.cmp(&x.1));
+        let cause = parts[0].0;
+
+        // The stack that shows the cause.
+        let stack = match cause {
+            "madvise" => madvise
+                .iter()
+                .filter(|m| overlap(a, b, m.start_ns, m.end_ns) > 0)
+                .max_by_key(|m| m.end_ns - m.start_ns)
+                .map(|m| names(m.tgid, m.user_stack_id, false))
+                .unwrap_or_default(),
+            "on-CPU" | "waiting for a CPU" => {
+                let mut counts: HashMap<(i32, i32), u64> = HashMap::new();
+                for (ts, k) in &samples {
+                    if *ts >= a && *ts < b {
+                        *counts.entry((k.user_stack_id, k.kernel_stack_id)).or_default() += 1;
+                    }
+                }
+                match counts.into_iter().max_by_key(|(s, c)| (*c, *s)) {
+                    Some(((u, k), _)) => {
+                        let mut f = names(inputs.pid, u, false);
+                        f.extend(names(inputs.pid, k, true));
+                        f
+                    }
+                    None => Vec::new(),
+                }
+            }
+            _ => match biggest_block {
+                Some((_, i)) => {
+                    let mut f = names(i.key.tgid, i.key.user_stack_id, false);
+                    f.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
+                    f
+                }
+                None => Vec::new(),
+            },
+        };
+        let rest: Vec<String> = parts[1..]
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| format!("{k} {:.1} ms", ms(*v)))
+            .collect();
+        let mut magnitudes = BTreeMap::from([
+            ("gap_ms", ms(gap)),
+            ("oncpu_ms", ms(oncpu)),
+            ("blocked_ms", ms(blocked_total)),
+            ("runqueue_ms", ms(runqueue)),
+            ("madvise_ms", ms(madvise_ns)),
+            ("futex_ms", ms(futex_ns)),
+            ("threshold_ms", ms(config.gap_threshold_ns)),
+        ]);
+        magnitudes.insert(
+            "samples",
+            samples.iter().filter(|(t, _)| *t >= a && *t < b).count() as f64,
+        );
+        findings.push(Finding {
+            kind: "MainLoopGap",
+            slot,
+            pid: inputs.pid,
+            tid,
+            thread: inputs.thread_name(tid),
+            start_ns: a,
+            duration_ns: gap,
+            magnitudes,
+            cause: Some(cause.to_string()),
+            stack,
+            waker_stack: Vec::new(),
+            explanation: format!(
+                "a main-loop iteration took {:.1} ms (threshold {:.0} ms), mostly {cause} ({:.1} ms){}",
+                ms(gap),
+                ms(config.gap_threshold_ns),
+                ms(parts[0].1),
+                if rest.is_empty() {
+                    String::new()
+                } else {
+                    format!("; then {}", rest.join(", "))
+                }
+            ),
+            advice: advice(cause).to_string(),
+        });
+    }
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::Interval, detectors::test_support::*};
+
+    const MS: u64 = 1_000_000;
+
+    fn inputs<'a>(
+        samples: &'a [(u64, crate::aggregate::StackKey)],
+        intervals: &'a [Interval],
+        madvise: &'a [profiler_ebpf::MadviseCall],
+        marks: &'a [profiler_ebpf::LoopMark],
+        names: &'a HashMap<u32, String>,
+    ) -> Inputs<'a> {
+        Inputs {
+            pid: 1,
+            samples,
+            intervals,
+            madvise,
+            futex: &[],
+            loop_marks: marks,
+            short_futex: &[],
+            thread_names: names,
+        }
+    }
+
+    #[test]
+    fn gaps_between_marks_get_their_cause() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        // Iterations every 2 ms, with three long ones: a lock wait at 10,
+        // a sleep at 40 and on-CPU work at 70.
+        let mut marks: Vec<_> = (0..100).map(|i| mark(7, i * 2 * MS)).collect();
+        marks.retain(|m| !(m.ts_ns > 10 * MS && m.ts_ns < 30 * MS));
+        marks.retain(|m| !(m.ts_ns > 40 * MS && m.ts_ns < 52 * MS));
+        marks.retain(|m| !(m.ts_ns > 70 * MS && m.ts_ns < 90 * MS));
+        let intervals = [
+            Interval {
+                start_ns: 11 * MS,
+                end_ns: 29 * MS,
+                key: key(7, "main-loop", 1, 101),
+                preempted: false,
+            },
+            Interval {
+                start_ns: 41 * MS,
+                end_ns: 51 * MS,
+                key: key(7, "main-loop", 2, 102),
+                preempted: false,
+            },
+        ];
+        let samples: Vec<_> = (0..20)
+            .map(|i| (70 * MS + i * MS, key(7, "main-loop", 3, -14)))
+            .collect();
+        let stacks = HashMap::from([
+            (1, vec!["main", "wait_for_bank_lock"]),
+            (101, vec!["do_syscall_64", "futex_wait", "schedule"]),
+            (2, vec!["main", "injected_sleep"]),
+            (102, vec!["do_syscall_64", "do_nanosleep", "schedule"]),
+            (3, vec!["main", "drop_big_bank", "drop_in_place"]),
+        ]);
+        let mut n = namer(stacks);
+        let inp = inputs(&samples, &intervals, &[], &marks, &names);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        let causes: Vec<_> = f
+            .iter()
+            .map(|f| (f.start_ns / MS, f.cause.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            causes,
+            [
+                (10, "lock wait (futex)".to_string()),
+                (40, "sleep".to_string()),
+                (70, "on-CPU".to_string())
+            ]
+        );
+        assert!(f[0].stack.contains(&"wait_for_bank_lock".to_string()));
+        assert!(f[2].stack.contains(&"drop_big_bank".to_string()));
+        assert_eq!(f[0].thread, "main-loop");
+        assert!(f[0].explanation.contains("20.0 ms"), "{}", f[0].explanation);
+    }
+
+    #[test]
+    fn smooth_loops_and_unknown_threads_give_nothing() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks: Vec<_> = (0..100).map(|i| mark(7, i * 2 * MS)).collect();
+        let inp = inputs(&[], &[], &[], &marks, &names);
+        let mut n = namer(HashMap::new());
+        assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
+        let inp = inputs(&[], &[], &[], &[], &names);
+        assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
+    }
+
+    #[test]
+    fn without_marks_long_off_cpu_intervals_are_gaps() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let intervals = [
+            Interval {
+                start_ns: 0,
+                end_ns: 3 * MS,
+                key: key(7, "main-loop", 2, 102),
+                preempted: false,
+            },
+            Interval {
+                start_ns: 10 * MS,
+                end_ns: 18 * MS,
+                key: key(7, "main-loop", 2, 102),
+                preempted: true,
+            },
+        ];
+        let inp = inputs(&[], &intervals, &[], &[], &names);
+        let config = DetectorConfig {
+            loop_thread: Some(crate::detectors::LoopThread::Name("main-loop".into())),
+            ..Default::default()
+        };
+        let mut n = namer(HashMap::new());
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].cause.as_deref(), Some("waiting for a CPU"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Detectors: pure functions from a session's events to [`Finding`]s.
+//!
+//! One file per detector. Each takes the events it needs (plain slices),
+//! a [`DetectorConfig`], the [`Buckets`] findings are cut along (the
+//! slots) and a way to name stacks; none touches the kernel, so each is
+//! unit-tested on constructed event streams.
+
+pub mod lock_contention;
+pub mod main_loop_gap;
+pub mod sync_allocator_purge;
+
+use std::collections::{BTreeMap, HashMap};
+
+use profiler_ebpf::{FutexWait, LoopMark, MadviseCall};
+use serde::Serialize;
+
+use crate::{
+    aggregate::{Interval, StackKey},
+    slots::Timeline,
+};
+
+/// Something slotprof found, with what it means and what to do.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    /// `MainLoopGap`, `SyncAllocatorPurge`, `LockContention`.
+    pub kind: &'static str,
+    /// The slot it happened in (None without a slot source).
+    pub slot: Option<u64>,
+    pub pid: u32,
+    pub tid: u32,
+    pub thread: String,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// The kind's own numbers (counts, bytes, ms).
+    pub magnitudes: BTreeMap<&'static str, f64>,
+    /// What it came down to, for kinds that decompose (MainLoopGap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// The most telling stack, root first.
+    pub stack: Vec<String>,
+    /// For waits: the stack of the thread that ended them, when known.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waker_stack: Vec<String>,
+    /// One line: what happened.
+    pub explanation: String,
+    /// What to do about it.
+    pub advice: String,
+}
+
+/// Which thread runs the main loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoopThread {
+    Name(String),
+    Tid(u32),
+}
+
+impl std::str::FromStr for LoopThread {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("--loop-thread wants a thread name or a tid".into());
+        }
+        Ok(s.parse()
+            .map(LoopThread::Tid)
+            .unwrap_or_else(|_| LoopThread::Name(s.to_string())))
+    }
+}
+
+/// Detector settings (CLI flags).
+#[derive(Clone, Debug)]
+pub struct DetectorConfig {
+    /// The main-loop thread, if named; else the thread that calls the
+    /// loop symbol, if given.
+    pub loop_thread: Option<LoopThread>,
+    /// An iteration longer than this is a gap.
+    pub gap_threshold_ns: u64,
+    /// Threads (by name) whose madvise time matters besides the loop thread.
+    pub hot_threads: Vec<String>,
+    /// madvise time per thread per slot that makes a purge finding.
+    pub purge_threshold_ns: u64,
+    /// Futex wait per address per slot that makes a contention finding.
+    pub lock_threshold_ns: u64,
+    /// On-CPU sampling period.
+    pub sample_period_ns: u64,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        Self {
+            loop_thread: None,
+            gap_threshold_ns: 5_000_000,
+            hot_threads: Vec::new(),
+            purge_threshold_ns: 1_000_000,
+            lock_threshold_ns: 2_000_000,
+            sample_period_ns: 1_000_000_000 / 99,
+        }
+    }
+}
+
+/// Everything the detectors read.
+pub struct Inputs<'a> {
+    pub pid: u32,
+    pub samples: &'a [(u64, StackKey)],
+    pub intervals: &'a [Interval],
+    pub madvise: &'a [MadviseCall],
+    pub futex: &'a [FutexWait],
+    pub loop_marks: &'a [LoopMark],
+    /// Short futex waits counted in the kernel: (address, waits, ns).
+    pub short_futex: &'a [(u64, u64, u64)],
+    pub thread_names: &'a HashMap<u32, String>,
+}
+
+impl Inputs<'_> {
+    fn thread_name(&self, tid: u32) -> String {
+        self.thread_names
+            .get(&tid)
+            .cloned()
+            .unwrap_or_else(|| format!("tid {tid}"))
+    }
+
+    /// The loop thread's tid, from the config or the loop marks.
+    pub fn loop_tid(&self, config: &DetectorConfig) -> Option<u32> {
+        match &config.loop_thread {
+            Some(LoopThread::Tid(t)) => Some(*t),
+            Some(LoopThread::Name(n)) => {
+                let mut tids: Vec<u32> = self
+                    .thread_names
+                    .iter()
+                    .filter(|(_, name)| *name == n)
+                    .map(|(t, _)| *t)
+                    .collect();
+                tids.sort_unstable();
+                tids.first().copied()
+            }
+            None => self.loop_marks.first().map(|m| m.tid),
+        }
+    }
+}
+
+/// Names a stack: (tgid, stack id, kernel?) -> frames, root first.
+pub type NameStack<'a> = dyn FnMut(u32, i32, bool) -> Vec<String> + 'a;
+
+/// The time buckets findings are cut along: the session's slots, or
+/// nominal 400 ms windows when there is no slot source.
+pub struct Buckets<'a> {
+    timeline: Option<&'a Timeline>,
+    origin_ns: u64,
+}
+
+/// Bucket length without a slot source: one mainnet slot.
+const NOMINAL_SLOT_NS: u64 = 400_000_000;
+
+impl<'a> Buckets<'a> {
+    pub fn new(timeline: Option<&'a Timeline>, origin_ns: u64) -> Self {
+        Self {
+            timeline: timeline.filter(|t| !t.slots().is_empty()),
+            origin_ns,
+        }
+    }
+
+    /// `(slot number if any, bucket key)` of time `ts`; None outside every slot.
+    pub fn of(&self, ts: u64) -> Option<(Option<u64>, u64)> {
+        match self.timeline {
+            Some(t) => t.slot_at(ts).map(|i| {
+                let n = t.slots()[i].number;
+                (Some(n), n)
+            }),
+            None => Some((None, ts.saturating_sub(self.origin_ns) / NOMINAL_SLOT_NS)),
+        }
+    }
+}
+
+/// Runs every detector.
+pub fn run_all(
+    inputs: &Inputs,
+    config: &DetectorConfig,
+    buckets: &Buckets,
+    names: &mut NameStack,
+) -> Vec<Finding> {
+    let mut findings = main_loop_gap::detect(inputs, config, buckets, names);
+    findings.extend(sync_allocator_purge::detect(inputs, config, buckets, names));
+    findings.extend(lock_contention::detect(inputs, config, buckets, names));
+    findings.sort_by_key(|f| (f.start_ns, f.kind));
+    findings
+}
+
+/// Overlap of `[a0, a1)` and `[b0, b1)` in ns.
+pub(crate) fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
+    a1.min(b1).saturating_sub(a0.max(b0))
+}
+
+pub(crate) fn ms(ns: u64) -> f64 {
+    (ns as f64 / 1e4).round() / 100.0
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Constructed events for the detectors' unit tests.
+    use profiler_ebpf::{EventKind, COMM_LEN};
+
+    use super::*;
+
+    pub fn comm(s: &str) -> [u8; COMM_LEN] {
+        let mut c = [0; COMM_LEN];
+        c[..s.len()].copy_from_slice(s.as_bytes());
+        c
+    }
+
+    pub fn key(tid: u32, name: &str, user: i32, kernel: i32) -> StackKey {
+        StackKey {
+            tgid: 1,
+            tid,
+            comm: comm(name),
+            user_stack_id: user,
+            kernel_stack_id: kernel,
+        }
+    }
+
+    pub fn madvise(tid: u32, start: u64, dur: u64, len: u64, stack: i32) -> MadviseCall {
+        MadviseCall {
+            kind: EventKind::Madvise as u32,
+            cpu: 0,
+            start_ns: start,
+            end_ns: start + dur,
+            tgid: 1,
+            tid,
+            len,
+            behavior: 4,
+            user_stack_id: stack,
+            ret: 0,
+            tlb_local: 1,
+            tlb_ipis: 2,
+            comm: comm("main"),
+        }
+    }
+
+    pub fn futex(tid: u32, start: u64, dur: u64, uaddr: u64, stack: i32, waker: u32) -> FutexWait {
+        FutexWait {
+            kind: EventKind::FutexWait as u32,
+            cpu: 0,
+            start_ns: start,
+            end_ns: start + dur,
+            tgid: 1,
+            tid,
+            uaddr,
+            op: 128,
+            user_stack_id: stack,
+            ret: 0,
+            waker_tid: waker,
+            waker_user_stack_id: if waker != 0 { 90 } else { -1 },
+            waker_kernel_stack_id: -1,
+            _pad: 0,
+            comm: comm("waiter"),
+            waker_comm: comm("holder"),
+        }
+    }
+
+    pub fn mark(tid: u32, ts: u64) -> LoopMark {
+        LoopMark {
+            kind: EventKind::LoopMark as u32,
+            cpu: 0,
+            ts_ns: ts,
+            tgid: 1,
+            tid,
+        }
+    }
+
+    /// Stacks by id for tests: user stacks 1.., kernel stacks 100...
+    pub fn namer(stacks: HashMap<i32, Vec<&'static str>>) -> impl FnMut(u32, i32, bool) -> Vec<String> {
+        move |_, id, _| {
+            stacks
+                .get(&id)
+                .map(|v| v.iter().map(|s| s.to_string()).collect())
+                .unwrap_or_default()
+        }
+    }
+}
