@@ -142,12 +142,17 @@ impl Aggregator {
         }
     }
 
+    /// The thread's totals; its name follows the latest `comm` seen
+    /// (threads name themselves after they start).
     fn thread(&mut self, tid: u32, comm: &[u8; COMM_LEN]) -> &mut ThreadTotals {
-        self.threads.entry(tid).or_insert_with(|| ThreadTotals {
+        let t = self.threads.entry(tid).or_insert_with(|| ThreadTotals {
             tid,
-            comm: comm_str(comm),
             ..Default::default()
-        })
+        });
+        if t.comm.as_bytes() != &comm[..comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN)] {
+            t.comm = comm_str(comm);
+        }
+        t
     }
 
     fn sample(&mut self, s: &CpuSample) {
@@ -218,6 +223,12 @@ impl Aggregator {
             .chain(self.interval_log.iter().map(|i| &i.key));
         keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
             .chain(self.longest.iter().map(|l| l.waker_kernel_stack_id))
+            .chain(self.madvise_log.iter().map(|m| m.user_stack_id))
+            .chain(
+                self.futex_log
+                    .iter()
+                    .flat_map(|f| [f.user_stack_id, f.waker_user_stack_id, f.waker_kernel_stack_id]),
+            )
             .filter(|&id| id >= 0)
             .collect()
     }

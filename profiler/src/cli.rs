@@ -57,6 +57,8 @@ pub struct ProfileArgs {
     /// this node's). Adds slots/, windows/ and index.html to the outputs.
     #[arg(long, value_name = "SOURCE")]
     pub slot_source: Option<crate::slots::SlotSourceSpec>,
+    #[command(flatten)]
+    pub detectors: DetectorArgs,
     /// Have the kernel time slotprof's own probes and put their cost in
     /// summary.json (adds two clock reads per probe run).
     #[arg(long)]
@@ -89,4 +91,45 @@ pub struct RecordArgs {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s)
+}
+
+/// Detector options.
+#[derive(Debug, Args)]
+pub struct DetectorArgs {
+    /// The main-loop thread, by name or tid (MainLoopGap). Default: the
+    /// thread that calls --loop-symbol.
+    #[arg(long, value_name = "NAME|TID")]
+    pub loop_thread: Option<crate::detectors::LoopThread>,
+    /// The function the main loop calls once per iteration, in the target's
+    /// executable (matched by demangled name): a uprobe marks iterations, so
+    /// on-CPU stalls between them are found too.
+    #[arg(long, value_name = "FUNCTION")]
+    pub loop_symbol: Option<String>,
+    /// A main-loop iteration longer than this is a gap.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub gap_threshold: Duration,
+    /// A thread whose madvise purges matter (repeatable); the loop thread
+    /// always does. Default: the process's main thread.
+    #[arg(long, value_name = "NAME")]
+    pub hot_thread: Vec<String>,
+    /// madvise time per hot thread per slot that makes a SyncAllocatorPurge.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub purge_threshold: Duration,
+    /// Futex wait per lock per slot that makes a LockContention.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    pub lock_threshold: Duration,
+}
+
+impl DetectorArgs {
+    /// The detectors' settings, for sampling at `freq_hz`.
+    pub fn config(&self, freq_hz: u64) -> crate::detectors::DetectorConfig {
+        crate::detectors::DetectorConfig {
+            loop_thread: self.loop_thread.clone(),
+            gap_threshold_ns: self.gap_threshold.as_nanos() as u64,
+            hot_threads: self.hot_thread.clone(),
+            purge_threshold_ns: self.purge_threshold.as_nanos() as u64,
+            lock_threshold_ns: self.lock_threshold.as_nanos() as u64,
+            sample_period_ns: 1_000_000_000 / freq_hz.max(1),
+        }
+    }
 }

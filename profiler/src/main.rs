@@ -52,6 +52,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 out: a.profile.out,
                 command: "attach",
                 probe_stats: a.profile.probe_stats,
+                detectors: a.profile.detectors.config(a.profile.freq),
+                loop_symbol: a.profile.detectors.loop_symbol.clone(),
+                exe: None,
                 slot_source: a.profile.slot_source,
             };
             eprintln!(
@@ -70,7 +73,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Record(r) => {
-            find_program(&r.command[0])?;
+            let exe = find_program(&r.command[0])?;
             privileges::require_bpf()?;
             privileges::raise_memlock_limit();
             let (held, pid) = spawn_held(&r.command)?;
@@ -82,6 +85,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 out: r.profile.out,
                 command: "record",
                 probe_stats: r.profile.probe_stats,
+                detectors: r.profile.detectors.config(r.profile.freq),
+                loop_symbol: r.profile.detectors.loop_symbol.clone(),
+                exe: Some(exe),
                 slot_source: r.profile.slot_source,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;
@@ -129,7 +135,7 @@ fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
 }
 
 /// Checks that `program` can be run, the way `exec` will look for it.
-fn find_program(program: &str) -> anyhow::Result<()> {
+fn find_program(program: &str) -> anyhow::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |p: &std::path::Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -139,14 +145,15 @@ fn find_program(program: &str) -> anyhow::Result<()> {
             runnable(std::path::Path::new(program)),
             "cannot run `{program}`: no such executable file"
         );
-        return Ok(());
+        return Ok(program.into());
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    anyhow::ensure!(
-        std::env::split_paths(&path).any(|dir| runnable(&dir.join(program))),
-        "cannot run `{program}`: not found on PATH (give its path, e.g. ./{program})"
-    );
-    Ok(())
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| runnable(p))
+        .ok_or_else(|| {
+            anyhow::anyhow!("cannot run `{program}`: not found on PATH (give its path, e.g. ./{program})")
+        })
 }
 
 /// The trampoline side of [`spawn_held`].
@@ -187,6 +194,10 @@ fn finish(outcome: session::Outcome) -> anyhow::Result<()> {
     );
     for path in &s.outputs {
         println!("  {path}");
+    }
+    if !s.findings.is_empty() {
+        let kinds: Vec<String> = s.findings.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        println!("slotprof: findings: {} (see findings.json)", kinds.join(", "));
     }
     for w in s.warnings.iter().filter(|w| !outcome.printed.contains(w)) {
         eprintln!("slotprof: warning: {w}");

@@ -39,6 +39,12 @@ pub struct Summary {
     /// Threads of the target, busiest first.
     pub threads: Vec<ThreadTotals>,
     pub longest_offcpu: Vec<LongInterval>,
+    /// Findings by kind (the findings themselves are in findings.json).
+    pub findings: std::collections::BTreeMap<&'static str, u64>,
+    /// madvise calls per thread: what the purge detector saw.
+    pub madvise_by_thread: Vec<MadviseTotals>,
+    /// TLB flushes and shootdown IPIs caused by the target's threads.
+    pub tlb: Tlb,
     pub outputs: Vec<String>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
@@ -63,6 +69,65 @@ impl ProbeCost {
             cpu_percent: (cpu_percent * 10_000.0).round() / 10_000.0,
         }
     }
+}
+
+/// madvise totals of one thread.
+#[derive(Debug, Serialize)]
+pub struct MadviseTotals {
+    pub tid: u32,
+    pub thread: String,
+    pub calls: u64,
+    /// Calls with MADV_DONTNEED or MADV_FREE (the purges).
+    pub purge_calls: u64,
+    pub bytes: u64,
+    pub ms: f64,
+    pub purge_ms: f64,
+    pub tlb_flushes: u64,
+    pub shootdown_ipis: u64,
+}
+
+/// Per-thread madvise totals, most time first.
+pub fn madvise_by_thread(
+    calls: &[profiler_ebpf::MadviseCall],
+    names: &std::collections::HashMap<u32, String>,
+) -> Vec<MadviseTotals> {
+    let mut by: std::collections::BTreeMap<u32, MadviseTotals> = std::collections::BTreeMap::new();
+    for c in calls {
+        let t = by.entry(c.tid).or_insert_with(|| MadviseTotals {
+            tid: c.tid,
+            thread: names
+                .get(&c.tid)
+                .cloned()
+                .unwrap_or_else(|| crate::events::comm_str(&c.comm)),
+            calls: 0,
+            purge_calls: 0,
+            bytes: 0,
+            ms: 0.0,
+            purge_ms: 0.0,
+            tlb_flushes: 0,
+            shootdown_ipis: 0,
+        });
+        let ms = c.end_ns.saturating_sub(c.start_ns) as f64 / 1e6;
+        t.calls += 1;
+        t.bytes += c.len;
+        t.ms += ms;
+        if c.behavior == 4 || c.behavior == 8 {
+            t.purge_calls += 1;
+            t.purge_ms += ms;
+        }
+        t.tlb_flushes += c.tlb_local as u64;
+        t.shootdown_ipis += c.tlb_ipis as u64;
+    }
+    let mut v: Vec<_> = by.into_values().collect();
+    v.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    v
+}
+
+/// TLB work caused by the target.
+#[derive(Debug, Default, Serialize)]
+pub struct Tlb {
+    pub flushes: u64,
+    pub shootdown_ipis: u64,
 }
 
 #[derive(Debug, Serialize)]

@@ -14,7 +14,8 @@ use symbolizer::Symbolizer;
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
 use crate::{
-    aggregate::{Aggregator, StackTable},
+    aggregate::{Aggregator, StackNamer, StackTable},
+    detectors::{self, DetectorConfig},
     events,
     probes::{ProbeConfig, Probes},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
@@ -38,6 +39,11 @@ pub struct SessionOptions {
     pub probe_stats: bool,
     /// Where slot boundaries come from; `None`: one profile for the session.
     pub slot_source: Option<SlotSourceSpec>,
+    pub detectors: DetectorConfig,
+    /// `--loop-symbol`: a function of the target's executable.
+    pub loop_symbol: Option<String>,
+    /// The target's executable when known before it runs (`record`).
+    pub exe: Option<PathBuf>,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -75,6 +81,20 @@ pub async fn run(
         }
         _ => None,
     };
+    let loop_uprobe = match &opts.loop_symbol {
+        Some(function) => {
+            let exe = opts.exe.clone().or_else(|| target.exe.clone()).with_context(|| {
+                format!("--loop-symbol: cannot find the executable of pid {}", target.pid)
+            })?;
+            let f = symbolizer::functions::find(&exe, function)?;
+            Some((
+                exe.clone(),
+                f.file_offset,
+                format!("{}:{}", exe.display(), f.name),
+            ))
+        }
+        None => None,
+    };
     let slot_uprobe = match &opts.slot_source {
         Some(SlotSourceSpec::Uprobe { binary, function, .. }) => {
             let f = symbolizer::functions::find(binary, function)?;
@@ -93,7 +113,7 @@ pub async fn run(
         freq_hz: opts.freq_hz,
         probe_stats: opts.probe_stats,
         slot_uprobe,
-        loop_uprobe: None,
+        loop_uprobe,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
         eprintln!(
@@ -229,6 +249,7 @@ pub async fn run(
         .filter_map(|id| probes.stack(id).map(|s| (id, s)))
         .collect();
     let probe_status = probes.status.clone();
+    let short_futex = probes.short_futex_waits();
     let probe_cost = opts
         .probe_stats
         .then(|| report::ProbeCost::new(probes.costs(), elapsed));
@@ -276,10 +297,31 @@ pub async fn run(
         }
         None => Timeline::default(),
     };
+    let thread_names = agg.thread_names();
+    let inputs = detectors::Inputs {
+        pid: target.pid,
+        samples: agg.samples(),
+        intervals: agg.intervals(),
+        madvise: &agg.madvise_log,
+        futex: &agg.futex_log,
+        loop_marks: &agg.loop_marks,
+        short_futex: &short_futex,
+        thread_names: &thread_names,
+    };
+    let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
+    let findings = {
+        let mut namer = StackNamer::new(&stacks, &mut sym);
+        detectors::run_all(&inputs, &opts.detectors, &buckets, &mut |tgid, id, kernel| {
+            namer.part(tgid, id, kernel)
+        })
+    };
+    let findings_path = opts.out.join("findings.json");
+    crate::output::write_atomic(&findings_path, &serde_json::to_vec_pretty(&findings)?)?;
+    written.push(findings_path);
     if opts.slot_source.is_some() {
         let per_slot = agg.resolve_slots(&timeline, &stacks, &mut sym);
         let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
-        slot_export::write_slots(&opts.out, &timeline, &per_slot, &meta, period_ns)?;
+        slot_export::write_slots(&opts.out, &timeline, &per_slot, &findings, &meta, period_ns)?;
         written.push(opts.out.join("slots/"));
         if timeline.slots().iter().any(|s| s.window.is_some()) {
             written.push(opts.out.join("windows/"));
@@ -360,6 +402,18 @@ pub async fn run(
         frame_pointers,
         threads: agg.threads().into_iter().take(64).collect(),
         longest_offcpu,
+        findings: {
+            let mut by_kind = std::collections::BTreeMap::new();
+            for f in &findings {
+                *by_kind.entry(f.kind).or_insert(0u64) += 1;
+            }
+            by_kind
+        },
+        madvise_by_thread: report::madvise_by_thread(&agg.madvise_log, &thread_names),
+        tlb: report::Tlb {
+            flushes: counters.tlb_local,
+            shootdown_ipis: counters.tlb_ipis,
+        },
         outputs,
         warnings,
     };

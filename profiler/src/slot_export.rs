@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::{
     aggregate::{Profiles, TimedInterval, TimedSample},
+    detectors::Finding,
     output::write_atomic,
     report::write_profiles,
     slots::{Slot, Timeline},
@@ -26,8 +27,8 @@ pub struct SlotSummary {
     pub offcpu_ms: f64,
     /// Threads (by name) with their on-CPU and off-CPU ms, busiest first.
     pub threads: Vec<ThreadTime>,
-    /// Detector findings in this slot (none yet: detectors are issue 4).
-    pub findings: Vec<serde_json::Value>,
+    /// Detector findings in this slot.
+    pub findings: Vec<Finding>,
 }
 
 #[derive(Debug, Serialize)]
@@ -47,7 +48,7 @@ fn by_thread(f: &Folded) -> BTreeMap<String, u64> {
     m
 }
 
-fn summarize(slot: &Slot, p: &Profiles, period_ns: u64) -> SlotSummary {
+fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_ns: u64) -> SlotSummary {
     let on = by_thread(&p.oncpu);
     let off = by_thread(&p.offcpu);
     let mut threads: Vec<ThreadTime> = on
@@ -73,7 +74,11 @@ fn summarize(slot: &Slot, p: &Profiles, period_ns: u64) -> SlotSummary {
         oncpu_ms: p.oncpu.total() as f64 * period_ns as f64 / 1e6,
         offcpu_ms: p.offcpu.total() as f64 / 1e6,
         threads,
-        findings: Vec::new(),
+        findings: findings
+            .iter()
+            .filter(|f| f.slot == Some(slot.number))
+            .cloned()
+            .collect(),
     }
 }
 
@@ -83,6 +88,7 @@ pub fn write_slots(
     out: &Path,
     timeline: &Timeline,
     per_slot: &[Profiles],
+    findings: &[Finding],
     meta: &ProfileMeta,
     period_ns: u64,
 ) -> anyhow::Result<Vec<SlotSummary>> {
@@ -96,7 +102,7 @@ pub fn write_slots(
             if slot.leader { " (leader)" } else { "" }
         );
         write_profiles(&dir, p, meta, &sub)?;
-        let summary = summarize(slot, p, period_ns);
+        let summary = summarize(slot, p, findings, period_ns);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         summaries.push(summary);
         if let Some(w) = slot.window {
@@ -129,7 +135,10 @@ pub fn write_slots(
         });
         write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)?;
     }
-    write_atomic(&out.join("index.html"), index_html(&summaries).as_bytes())?;
+    write_atomic(
+        &out.join("index.html"),
+        index_html(&summaries, findings).as_bytes(),
+    )?;
     Ok(summaries)
 }
 
@@ -216,7 +225,19 @@ fn escape(s: &str) -> String {
 
 /// One static, offline page: a sortable table of slots with links to each
 /// slot's flamegraphs.
-pub fn index_html(slots: &[SlotSummary]) -> String {
+pub fn index_html(slots: &[SlotSummary], findings: &[Finding]) -> String {
+    let mut found = String::new();
+    for f in findings {
+        let _ = writeln!(
+            found,
+            "<tr><td>{kind}</td><td>{slot}</td><td>{thread}</td><td>{dur:.1}</td><td class=\"text\">{expl}</td></tr>",
+            kind = f.kind,
+            slot = f.slot.map(|s| format!("<a href=\"slots/{s}/slot.json\">{s}</a>")).unwrap_or_default(),
+            thread = escape(&f.thread),
+            dur = f.duration_ns as f64 / 1e6,
+            expl = escape(&f.explanation),
+        );
+    }
     let mut rows = String::new();
     for s in slots {
         let top: Vec<String> = s
@@ -252,13 +273,18 @@ pub fn index_html(slots: &[SlotSummary]) -> String {
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; vertical-align: top; }}
-td:nth-child(6) {{ text-align: left; font-size: 90%; }}
+td:nth-child(6), td.text {{ text-align: left; font-size: 90%; }}
 th {{ cursor: pointer; background: #eee; }}
 tr.unaligned {{ color: #999; }}
 </style></head>
 <body>
 <h1>slotprof: {count} slots</h1>
 <p>Click a column to sort. Times in ms. Top threads: name on-CPU/off-CPU ms. Grey rows: slot boundaries guessed, not from the slot source.</p>
+<h2>Findings ({nfindings})</h2>
+<table id="findings"><thead><tr><th>kind</th><th>slot</th><th>thread</th><th>ms</th><th>what happened</th></tr></thead>
+<tbody>
+{found}</tbody></table>
+<h2>Slots</h2>
 <table id="slots"><thead><tr><th>slot</th><th>leader</th><th>duration</th><th>on-CPU</th><th>off-CPU</th><th>top threads</th><th>findings</th><th>flamegraphs</th></tr></thead>
 <tbody>
 {rows}</tbody></table>
@@ -281,6 +307,7 @@ document.querySelectorAll("#slots th").forEach(function (th, col) {{
 </script>
 </body></html>
 "##,
-        count = slots.len()
+        count = slots.len(),
+        nfindings = findings.len(),
     )
 }

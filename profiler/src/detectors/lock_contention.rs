@@ -1,6 +1,11 @@
-//! `LockContention`: the futex addresses (locks, condition variables,
-//! channels) the target's threads waited on most, per slot, with the
-//! waiting stack and, when known, who woke the waiters and from where.
+//! `LockContention`: the futex addresses the target's threads waited on
+//! most, per slot, with the waiting stack and, when known, who woke the
+//! waiters and from where.
+//!
+//! A thread waiting for work (a channel receive, a condition variable, a
+//! parked thread) also waits on a futex, but that is idleness, not
+//! contention: such waits count only when the waiter is a hot thread (the
+//! main loop, `--hot-thread`), whose every wait is lost time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -20,14 +25,50 @@ struct Acc {
     slot: Option<u64>,
 }
 
+/// Frames of a wait for work rather than for a lock.
+pub fn waits_for_work(frames: &[String]) -> bool {
+    frames.iter().any(|f| {
+        // `__futex_abstimed_wait_common` is glibc's condvar/semaphore wait
+        // (its mutexes wait in `__lll_lock_wait`): in a libc built without
+        // frame pointers it is often the only frame there is.
+        [
+            "recv",
+            "::park",
+            "Condvar",
+            "cond_wait",
+            "cond_timedwait",
+            "Receiver",
+            "::wait_timeout",
+            "epoll",
+            "__futex_abstimed_wait",
+        ]
+        .iter()
+        .any(|p| f.contains(p))
+    })
+}
+
 pub fn detect(
     inputs: &Inputs,
     config: &DetectorConfig,
     buckets: &Buckets,
     names: &mut NameStack,
 ) -> Vec<Finding> {
+    let mut hot: Vec<u32> = inputs
+        .thread_names
+        .iter()
+        .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
+        .map(|(t, _)| *t)
+        .collect();
+    hot.extend(inputs.loop_tid(config));
+    let mut idle_stack: HashMap<i32, bool> = HashMap::new();
     let mut acc: BTreeMap<(u64, u64), Acc> = BTreeMap::new();
     for f in inputs.futex {
+        let idle = *idle_stack
+            .entry(f.user_stack_id)
+            .or_insert_with(|| waits_for_work(&names(inputs.pid, f.user_stack_id, false)));
+        if idle && !hot.contains(&f.tid) {
+            continue;
+        }
         let Some((slot, bucket)) = buckets.of(f.start_ns) else {
             continue;
         };
@@ -108,7 +149,7 @@ pub fn detect(
                 .to_string(),
         });
     }
-    findings.sort_by(|x, y| y.duration_ns.cmp(&x.duration_ns));
+    findings.sort_by_key(|f| std::cmp::Reverse(f.duration_ns));
     findings
 }
 
@@ -127,6 +168,8 @@ mod tests {
             (3, "holder".to_string()),
         ]);
         let waits = [
+            // A worker idle on a channel for long: not contention.
+            futex(4, 0, 300 * MS, 0xdd0, 11, 0),
             futex(1, 0, 10 * MS, 0xaa0, 7, 3),
             futex(2, MS, 8 * MS, 0xaa0, 8, 3),
             futex(1, 50 * MS, 3 * MS, 0xbb0, 9, 0),
@@ -146,6 +189,7 @@ mod tests {
             (7, vec!["main", "wait_for_bank_lock"]),
             (8, vec!["worker", "wait_for_bank_lock"]),
             (90, vec!["holder", "hold_bank_lock", "unlock"]),
+            (11, vec!["idle-worker", "std::sync::mpmc::list::Channel<T>::recv"]),
         ]));
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
         assert_eq!(f.len(), 2, "0xcc0 is under the threshold");

@@ -107,7 +107,7 @@ pub fn detect(
             ("madvise", madvise_ns),
         ];
         parts.extend(blocked.iter().map(|(k, v)| (*k, *v)));
-        parts.sort_by(|x, y| y.1.cmp(&x.1));
+        parts.sort_by_key(|p| std::cmp::Reverse(p.1));
         let cause = parts[0].0;
 
         // The stack that shows the cause.
@@ -125,14 +125,20 @@ pub fn detect(
                         *counts.entry((k.user_stack_id, k.kernel_stack_id)).or_default() += 1;
                     }
                 }
-                match counts.into_iter().max_by_key(|(s, c)| (*c, *s)) {
-                    Some(((u, k), _)) => {
+                // Prefer stacks that were walked to the thread's root: a
+                // sample in code built without frame pointers (often libc)
+                // ends after a frame or two and names only the leaf.
+                let mut named: Vec<(u64, Vec<String>)> = counts
+                    .into_iter()
+                    .map(|((u, k), c)| {
                         let mut f = names(inputs.pid, u, false);
+                        let user_depth = f.len();
                         f.extend(names(inputs.pid, k, true));
-                        f
-                    }
-                    None => Vec::new(),
-                }
+                        (c + if user_depth >= 3 { 1 << 32 } else { 0 }, f)
+                    })
+                    .collect();
+                named.sort();
+                named.pop().map(|(_, f)| f).unwrap_or_default()
             }
             _ => match biggest_block {
                 Some((_, i)) => {

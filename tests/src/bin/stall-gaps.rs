@@ -1,0 +1,151 @@
+//! A main loop with injected gaps of known kinds, and its smooth twin.
+//!
+//! The loop thread (`main-loop`) calls `stall_loop_iteration` once per
+//! iteration (about 0.5 ms of work and a 0.5 ms sleep). Every `--gap-every`
+//! iterations (default 50) it injects a gap of `--gap-ms` (default 20),
+//! cycling through three kinds:
+//! - `sleep`: it sleeps in `injected_sleep`;
+//! - `lock`: it waits in `wait_for_bank_lock` for a mutex that the
+//!   `lock-holder` thread holds in `hold_bank_lock`;
+//! - `drop`: it drops, in `drop_big_bank`, a large structure that the
+//!   `builder` thread made (on-CPU work in the allocator's free path).
+//!
+//! `--smooth`: no gaps. `--seconds S` (default 6). `--report FILE`: JSON
+//! with every injected gap's kind and CLOCK_MONOTONIC start and end.
+
+use std::{
+    hint::black_box,
+    sync::{mpsc, Arc, Mutex},
+    thread,
+    time::Duration,
+};
+
+use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+
+/// One iteration of the main loop (the `--loop-symbol` target).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn stall_loop_iteration(i: u64) -> u64 {
+    let end = monotonic_ns() + 500_000;
+    let mut x = i;
+    while monotonic_ns() < end {
+        for _ in 0..500 {
+            x = black_box(x.rotate_left(3) ^ x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+    }
+    thread::sleep(Duration::from_micros(500));
+    x
+}
+
+#[inline(never)]
+fn injected_sleep(d: Duration) {
+    thread::sleep(black_box(d));
+}
+
+#[inline(never)]
+fn wait_for_bank_lock(bank: &Mutex<u64>) -> u64 {
+    *black_box(bank.lock().unwrap())
+}
+
+#[inline(never)]
+fn hold_bank_lock(bank: &Mutex<u64>, taken: &mpsc::Sender<()>, d: Duration) {
+    let mut guard = bank.lock().unwrap();
+    taken.send(()).unwrap();
+    thread::sleep(d);
+    *guard += 1;
+}
+
+/// A bank-like structure: many small heap objects.
+type Bank = Vec<Box<[u64; 8]>>;
+
+#[inline(never)]
+fn build_bank(n: usize) -> Bank {
+    (0..n as u64).map(|i| Box::new([i; 8])).collect()
+}
+
+#[inline(never)]
+fn drop_big_bank(bank: Bank) {
+    drop(black_box(bank));
+}
+
+fn main() {
+    let flags = Flags::from_env();
+    let run_for = flags.secs("seconds", 6.0);
+    let every = flags.num("gap-every", 50.0) as u64;
+    let gap = Duration::from_secs_f64(flags.num("gap-ms", 20.0) / 1e3);
+    let smooth = std::env::args().any(|a| a == "--smooth");
+    let bank_size = flags.num("bank-objects", 1_200_000.0) as usize;
+
+    let bank_lock = Arc::new(Mutex::new(0u64));
+    let (hold_tx, hold_rx) = mpsc::channel::<()>();
+    let (taken_tx, taken_rx) = mpsc::channel::<()>();
+    {
+        let bank_lock = bank_lock.clone();
+        thread::spawn(move || {
+            name_thread("lock-holder");
+            while hold_rx.recv().is_ok() {
+                hold_bank_lock(&bank_lock, &taken_tx, gap);
+            }
+        });
+    }
+    let (want_tx, want_rx) = mpsc::channel::<()>();
+    let (bank_tx, bank_rx) = mpsc::channel::<Bank>();
+    thread::spawn(move || {
+        name_thread("builder");
+        while want_rx.recv().is_ok() {
+            if bank_tx.send(build_bank(bank_size)).is_err() {
+                break;
+            }
+        }
+    });
+    if !smooth {
+        want_tx.send(()).unwrap();
+    }
+
+    name_thread("main-loop");
+    let kinds = ["sleep", "lock", "drop"];
+    let mut gaps = Vec::new();
+    let end = monotonic_ns() + run_for.as_nanos() as u64;
+    let mut i = 0u64;
+    while monotonic_ns() < end {
+        stall_loop_iteration(i);
+        i += 1;
+        if smooth || !i.is_multiple_of(every) {
+            continue;
+        }
+        let kind = kinds[(i / every) as usize % kinds.len()];
+        let (start, stop) = match kind {
+            "sleep" => {
+                let s = monotonic_ns();
+                injected_sleep(gap);
+                (s, monotonic_ns())
+            }
+            "lock" => {
+                hold_tx.send(()).unwrap();
+                taken_rx.recv().unwrap();
+                let s = monotonic_ns();
+                wait_for_bank_lock(&bank_lock);
+                (s, monotonic_ns())
+            }
+            _ => {
+                let bank = bank_rx.recv().unwrap();
+                let s = monotonic_ns();
+                drop_big_bank(bank);
+                let e = monotonic_ns();
+                want_tx.send(()).unwrap();
+                (s, e)
+            }
+        };
+        gaps.push(format!(
+            "{{\"kind\":\"{kind}\",\"start_ns\":{start},\"end_ns\":{stop}}}"
+        ));
+    }
+    write_report(
+        &flags,
+        &format!(
+            "{{\"pid\":{},\"iterations\":{i},\"gaps\":[{}]}}",
+            std::process::id(),
+            gaps.join(",")
+        ),
+    );
+}

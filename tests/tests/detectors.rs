@@ -1,0 +1,296 @@
+//! The detectors under real probes, against stall programs that count what
+//! they did, and their fixed twins.
+
+mod common;
+
+use std::{collections::HashMap, path::Path};
+
+use common::*;
+
+/// Runs `program args` under `slotprof record` with extra slotprof
+/// options; returns (output dir, program report).
+fn record(
+    test: &str,
+    slotprof_args: &[&str],
+    program: &str,
+    args: &[&str],
+) -> (std::path::PathBuf, serde_json::Value) {
+    let dir = scratch(test);
+    let report = dir.join("report.json");
+    let out = dir.join("out");
+    let bin = stall_program(program);
+    let mut argv: Vec<&str> = vec!["record", "--out", out.to_str().unwrap()];
+    argv.extend(slotprof_args);
+    argv.push("--");
+    argv.push(bin.to_str().unwrap());
+    argv.extend(args);
+    argv.extend(["--report", report.to_str().unwrap()]);
+    let o = run_slotprof(&argv);
+    assert!(o.status.success());
+    (out, read_json(&report))
+}
+
+fn findings(out: &Path, kind: &str) -> Vec<serde_json::Value> {
+    read_json(&out.join("findings.json"))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+/// Enables the madvise syscall tracepoints in tracefs for the life of the
+/// guard and puts every setting back on drop (panics included).
+struct MadviseTrace {
+    dir: std::path::PathBuf,
+    saved: Vec<(std::path::PathBuf, String)>,
+}
+
+impl MadviseTrace {
+    fn start() -> Option<Self> {
+        let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.join("events").is_dir())?;
+        let mut guard = Self {
+            dir: root.clone(),
+            saved: Vec::new(),
+        };
+        for f in [
+            "events/syscalls/sys_enter_madvise/enable",
+            "events/syscalls/sys_exit_madvise/enable",
+            "tracing_on",
+        ] {
+            let p = root.join(f);
+            let old = std::fs::read_to_string(&p).ok()?;
+            guard.saved.push((p.clone(), old.trim().to_string()));
+            std::fs::write(&p, "1").ok()?;
+        }
+        Some(guard)
+    }
+
+    /// (calls, total ns) of madvise(DONTNEED|FREE) by thread `tid`, from
+    /// the raw trace.
+    fn purges_of(&self, tid: u32) -> (u64, u64) {
+        let text = std::fs::read_to_string(self.dir.join("trace")).unwrap_or_default();
+        let tag = format!("-{tid} ");
+        let ts = |line: &str| -> Option<u64> {
+            let before = line.split(": sys_").next()?;
+            let t = before.rsplit(' ').next()?.trim_end_matches(':');
+            Some((t.parse::<f64>().ok()? * 1e9) as u64)
+        };
+        let (mut calls, mut ns, mut open): (u64, u64, Option<(u64, bool)>) = (0, 0, None);
+        for line in text.lines().filter(|l| l.contains(&tag)) {
+            if line.contains("sys_madvise(") {
+                let purge = line.contains("behavior: 4)")
+                    || line.contains("behavior: 8)")
+                    || line.contains("behavior: 0x4)")
+                    || line.contains("behavior: 0x8)");
+                open = ts(line).map(|t| (t, purge));
+            } else if line.contains("sys_madvise ->") {
+                if let (Some((start, true)), Some(end)) = (open.take(), ts(line)) {
+                    calls += 1;
+                    ns += end.saturating_sub(start);
+                }
+            }
+        }
+        (calls, ns)
+    }
+}
+
+impl Drop for MadviseTrace {
+    fn drop(&mut self) {
+        for (p, v) in self.saved.iter().rev() {
+            let _ = std::fs::write(p, v);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
+    let Some(_k) = kernel() else { return };
+    let Some(trace) = MadviseTrace::start() else {
+        eprintln!("SKIPPED: cannot enable the madvise tracepoints in tracefs for the independent count");
+        return;
+    };
+    let (out, truth) = record(
+        "purge-sync",
+        &["--slot-source", "clock=400ms"],
+        "stall-alloc",
+        &["--slots", "6"],
+    );
+    let pid = truth["pid"].as_u64().unwrap() as u32;
+    let (trace_calls, trace_ns) = trace.purges_of(pid);
+    drop(trace);
+
+    // slotprof's count of the hot thread's purges against tracefs' and jemalloc's.
+    let summary = read_json(&out.join("summary.json"));
+    let main = summary["madvise_by_thread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == pid)
+        .cloned()
+        .unwrap();
+    let calls = main["purge_calls"].as_f64().unwrap();
+    let ms = main["purge_ms"].as_f64().unwrap();
+    eprintln!(
+        "slotprof: {calls} calls {ms:.2} ms; tracefs: {trace_calls} calls {:.2} ms; jemalloc nmadvise {}",
+        trace_ns as f64 / 1e6,
+        truth["dirty_nmadvise"]
+    );
+    let near = |a: f64, b: f64| b > 0.0 && (a / b - 1.0).abs() <= 0.2;
+    assert!(
+        near(calls, trace_calls as f64),
+        "calls: slotprof {calls} vs tracefs {trace_calls}"
+    );
+    assert!(
+        near(ms, trace_ns as f64 / 1e6),
+        "time: slotprof {ms} ms vs tracefs {} ms",
+        trace_ns as f64 / 1e6
+    );
+    assert!(
+        near(calls, truth["dirty_nmadvise"].as_f64().unwrap()),
+        "calls vs jemalloc's own count"
+    );
+
+    // The finding: on the hot thread, in (nearly) every slot, with jemalloc's frames.
+    let f = findings(&out, "SyncAllocatorPurge");
+    assert!(f.len() >= 4, "{} findings for 6 slots", f.len());
+    for x in &f {
+        assert_eq!(x["tid"], pid);
+        assert_eq!(x["magnitudes"]["allocator_frames"], 1.0, "{x}");
+        assert!(x["slot"].is_u64());
+    }
+    let sum: f64 = f
+        .iter()
+        .map(|x| x["magnitudes"]["madvise_calls"].as_f64().unwrap())
+        .sum();
+    assert!(
+        near(sum, calls) || sum <= calls,
+        "findings hold {sum} of {calls} calls"
+    );
+    // ...and it shows in the slot's own summary and in index.html.
+    let slot = f[0]["slot"].as_u64().unwrap();
+    let sj = read_json(&out.join("slots").join(slot.to_string()).join("slot.json"));
+    assert!(sj["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["kind"] == "SyncAllocatorPurge"));
+    assert!(std::fs::read_to_string(out.join("index.html"))
+        .unwrap()
+        .contains("SyncAllocatorPurge"));
+
+    // The fixed twin: background purging, drop on a reaper thread.
+    let sync_out = out;
+    let (out, _) = record(
+        "purge-bg",
+        &["--slot-source", "clock=400ms"],
+        "stall-alloc",
+        &["--slots", "6", "--purge", "background"],
+    );
+    let f = findings(&out, "SyncAllocatorPurge");
+    assert!(f.is_empty(), "fired on the background twin: {f:?}");
+    let _ = std::fs::remove_dir_all(sync_out.parent().unwrap());
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
+    let Some(_k) = kernel() else { return };
+    let opts = ["-F", "499", "--loop-symbol", "stall_loop_iteration"];
+    let (out, truth) = record("gaps", &opts, "stall-gaps", &["--seconds", "5"]);
+    let gaps = findings(&out, "MainLoopGap");
+    let injected = truth["gaps"].as_array().unwrap();
+    assert!(injected.len() >= 20, "too few gaps injected: {}", injected.len());
+    let want = HashMap::from([
+        ("sleep", "sleep"),
+        ("lock", "lock wait (futex)"),
+        ("drop", "on-CPU"),
+    ]);
+    let (mut found, mut right, mut drop_named) = (0, 0, 0);
+    for g in injected {
+        let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+        if e - s < 5_000_000 {
+            continue; // only gaps over the threshold count
+        }
+        let hit = gaps.iter().find(|f| {
+            let fs = f["start_ns"].as_u64().unwrap();
+            fs <= e && fs + f["duration_ns"].as_u64().unwrap() >= s
+        });
+        let Some(hit) = hit else { continue };
+        found += 1;
+        let kind = g["kind"].as_str().unwrap();
+        if hit["cause"] == want[kind] {
+            right += 1;
+        } else {
+            eprintln!("{kind} gap at {s} found as {}", hit["cause"]);
+        }
+        if kind == "drop"
+            && hit["stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().unwrap().ends_with("drop_big_bank"))
+        {
+            drop_named += 1;
+        }
+    }
+    let over: usize = injected
+        .iter()
+        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= 5_000_000)
+        .count();
+    eprintln!(
+        "{found} of {over} injected gaps found, {right} with the right cause; {} findings",
+        gaps.len()
+    );
+    assert!(found as f64 >= 0.9 * over as f64, "found {found} of {over}");
+    assert!(
+        right as f64 >= 0.9 * found as f64,
+        "right cause for {right} of {found}"
+    );
+    assert!(drop_named > 0, "no drop gap names drop_big_bank");
+
+    let (out, _) = record(
+        "gaps-smooth",
+        &opts,
+        "stall-gaps",
+        &["--seconds", "5", "--smooth"],
+    );
+    let smooth = findings(&out, "MainLoopGap");
+    assert!(smooth.is_empty(), "gaps on the smooth twin: {smooth:?}");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn lock_contention_names_the_waiting_stack_and_the_holder() {
+    let Some(_k) = kernel() else { return };
+    let (out, _) = record(
+        "lock",
+        &["--loop-thread", "main-loop"],
+        "stall-gaps",
+        &["--seconds", "3"],
+    );
+    let locks = findings(&out, "LockContention");
+    let bank = locks
+        .iter()
+        .find(|f| {
+            f["stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s.as_str().unwrap().ends_with("wait_for_bank_lock"))
+        })
+        .unwrap_or_else(|| panic!("no LockContention names wait_for_bank_lock: {locks:?}"));
+    assert!(
+        bank["explanation"].as_str().unwrap().contains("lock-holder"),
+        "{bank}"
+    );
+    assert!(bank["magnitudes"]["wait_ms"].as_f64().unwrap() >= 10.0);
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
