@@ -152,6 +152,10 @@ pub struct LoopMark {
     pub ts_ns: u64,
     pub tgid: u32,
     pub tid: u32,
+    /// User page faults this thread has taken so far (from
+    /// exceptions:page_fault_user): the difference between two marks is
+    /// the faults of one iteration.
+    pub page_faults: u64,
 }
 
 /// The target called its slot-start function (the uprobe slot source).

@@ -149,6 +149,7 @@ impl Probes {
             ("slotprof_futex_enter", "syscalls", "sys_enter_futex"),
             ("slotprof_futex_exit", "syscalls", "sys_exit_futex"),
             ("slotprof_tlb_flush", "tlb", "tlb_flush"),
+            ("slotprof_page_fault", "exceptions", "page_fault_user"),
         ] {
             status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
         }

@@ -4,6 +4,7 @@ mod cpu_sampling;
 mod sched;
 mod slot_mark;
 mod syscalls;
+mod page_faults;
 mod tlb;
 
 use aya_ebpf::{
@@ -93,6 +94,10 @@ static FUTEX_START: LruHashMap<u32, FutexStart> = LruHashMap::with_max_entries(O
 /// Who last woke each target thread.
 #[map]
 static LAST_WAKER: LruHashMap<u32, LastWaker> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// User page faults per target thread (read by the loop uprobe).
+#[map]
+static PAGE_FAULTS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// Futex waits under the minimum, per address.
 #[map]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, EventKind, LoopMark, SlotMark};
 
-use super::{count, is_target, EVENTS};
+use super::{count, is_target, EVENTS, PAGE_FAULTS};
 
 #[uprobe]
 pub fn slotprof_slot(ctx: ProbeContext) -> u32 {
@@ -54,6 +54,7 @@ pub fn slotprof_loop(_ctx: ProbeContext) -> u32 {
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid,
         tid: pid_tgid as u32,
+        page_faults: PAGE_FAULTS.get_ptr(&(pid_tgid as u32)).map_or(0, |n| unsafe { *n }),
     });
     entry.submit(0);
     0

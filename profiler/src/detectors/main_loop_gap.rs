@@ -48,13 +48,13 @@ pub fn detect(
     let Some(tid) = inputs.loop_tid(config) else {
         return Vec::new();
     };
-    let mut marks: Vec<u64> = inputs
-        .loop_marks
-        .iter()
-        .filter(|m| m.tid == tid)
-        .map(|m| m.ts_ns)
-        .collect();
+    let mut marks: Vec<(u64, u64)> =
+        inputs.loop_marks.iter().filter(|m| m.tid == tid).map(|m| (m.ts_ns, m.page_faults)).collect();
     marks.sort_unstable();
+    // User page faults between the marks that open and close a gap.
+    let faults_in = |a: u64| -> u64 {
+        marks.windows(2).find(|w| w[0].0 == a).map_or(0, |w| w[1].1.saturating_sub(w[0].1))
+    };
     let intervals: Vec<_> = inputs.intervals.iter().filter(|i| i.key.tid == tid).collect();
     let windows: Vec<(u64, u64)> = if marks.is_empty() {
         intervals
@@ -65,8 +65,8 @@ pub fn detect(
     } else {
         marks
             .windows(2)
-            .filter(|w| w[1] - w[0] > config.gap_threshold_ns)
-            .map(|w| (w[0], w[1]))
+            .filter(|w| w[1].0 - w[0].0 > config.gap_threshold_ns)
+            .map(|w| (w[0].0, w[1].0))
             .collect()
     };
     let samples: Vec<_> = inputs.samples.iter().filter(|(_, k)| k.tid == tid).collect();
@@ -163,6 +163,7 @@ pub fn detect(
             ("futex_ms", ms(futex_ns)),
             ("threshold_ms", ms(config.gap_threshold_ns)),
         ]);
+        magnitudes.insert("page_faults", faults_in(a) as f64);
         magnitudes.insert(
             "samples",
             samples.iter().filter(|(t, _)| *t >= a && *t < b).count() as f64,
@@ -274,6 +275,8 @@ mod tests {
         assert!(f[2].stack.contains(&"drop_big_bank".to_string()));
         assert_eq!(f[0].thread, "main-loop");
         assert!(f[0].explanation.contains("20.0 ms"), "{}", f[0].explanation);
+        // Test marks count one fault per ms: the 20 ms lock gap saw 20.
+        assert_eq!(f[0].magnitudes["page_faults"], 20.0);
     }
 
     #[test]

@@ -262,6 +262,7 @@ pub(crate) mod test_support {
             ts_ns: ts,
             tgid: 1,
             tid,
+            page_faults: ts / 1_000_000,
         }
     }
 
