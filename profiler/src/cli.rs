@@ -59,6 +59,10 @@ pub struct ProfileArgs {
     pub slot_source: Option<crate::slots::SlotSourceSpec>,
     #[command(flatten)]
     pub detectors: DetectorArgs,
+    /// Leave out the detectors' probes (madvise, futex, TLB flushes, IPIs,
+    /// page faults): on-CPU and off-CPU profiles only.
+    #[arg(long)]
+    pub no_detector_probes: bool,
     /// Have the kernel time slotprof's own probes and put their cost in
     /// summary.json (adds two clock reads per probe run).
     #[arg(long)]

@@ -55,6 +55,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 detectors: a.profile.detectors.config(a.profile.freq),
                 loop_symbol: a.profile.detectors.loop_symbol.clone(),
                 exe: None,
+                detector_probes: !a.profile.no_detector_probes,
                 slot_source: a.profile.slot_source,
             };
             eprintln!(
@@ -88,6 +89,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 detectors: r.profile.detectors.config(r.profile.freq),
                 loop_symbol: r.profile.detectors.loop_symbol.clone(),
                 exe: Some(exe),
+                detector_probes: !r.profile.no_detector_probes,
                 slot_source: r.profile.slot_source,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;

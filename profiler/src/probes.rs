@@ -39,6 +39,8 @@ pub struct ProbeConfig {
     pub probe_stats: bool,
     /// A uprobe marking slot starts: (binary, file offset, what to call it).
     pub slot_uprobe: Option<(std::path::PathBuf, u64, String)>,
+    /// Attach the detectors' probes (madvise, futex, TLB, IPIs, page faults).
+    pub detector_probes: bool,
     /// A uprobe marking main-loop iterations (`--loop-symbol`).
     pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
 }
@@ -142,22 +144,24 @@ impl Probes {
                 &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
             ),
         ];
-        // Detector probes: madvise, futex, TLB flushes and shootdown IPIs.
-        for (program, category, name) in [
-            ("slotprof_madvise_enter", "syscalls", "sys_enter_madvise"),
-            ("slotprof_madvise_exit", "syscalls", "sys_exit_madvise"),
-            ("slotprof_futex_enter", "syscalls", "sys_enter_futex"),
-            ("slotprof_futex_exit", "syscalls", "sys_exit_futex"),
-            ("slotprof_tlb_flush", "tlb", "tlb_flush"),
-            ("slotprof_page_fault", "exceptions", "page_fault_user"),
-        ] {
-            status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
+        if config.detector_probes {
+            // Detector probes: madvise, futex, TLB flushes and shootdown IPIs.
+            for (program, category, name) in [
+                ("slotprof_madvise_enter", "syscalls", "sys_enter_madvise"),
+                ("slotprof_madvise_exit", "syscalls", "sys_exit_madvise"),
+                ("slotprof_futex_enter", "syscalls", "sys_enter_futex"),
+                ("slotprof_futex_exit", "syscalls", "sys_exit_futex"),
+                ("slotprof_tlb_flush", "tlb", "tlb_flush"),
+                ("slotprof_page_fault", "exceptions", "page_fault_user"),
+            ] {
+                status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
+            }
+            status.extend(attach_all(
+                &mut ebpf,
+                "slotprof_ipi_send",
+                &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
+            ));
         }
-        status.extend(attach_all(
-            &mut ebpf,
-            "slotprof_ipi_send",
-            &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
-        ));
         for (program, uprobe) in [
             ("slotprof_slot", &config.slot_uprobe),
             ("slotprof_loop", &config.loop_uprobe),

@@ -44,6 +44,8 @@ pub struct SessionOptions {
     pub loop_symbol: Option<String>,
     /// The target's executable when known before it runs (`record`).
     pub exe: Option<PathBuf>,
+    /// Attach the detectors' probes (see [`ProbeConfig::detector_probes`]).
+    pub detector_probes: bool,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -114,6 +116,7 @@ pub async fn run(
         probe_stats: opts.probe_stats,
         slot_uprobe,
         loop_uprobe,
+        detector_probes: opts.detector_probes,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
         eprintln!(

@@ -3,7 +3,9 @@
 //! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
 //! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
 //! - `cargo xtask test`:  set up, build, fmt + clippy, every test (root tests when root).
+//! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 
+mod bench;
 mod setup;
 
 use std::{
@@ -20,8 +22,11 @@ fn main() -> ExitCode {
         Some("build") => setup::run(&root()).and_then(|_| build(&root())),
         Some("demo") => demo(&root()),
         Some("test") => test(&root()),
+        Some("bench") => setup::run(&root())
+            .and_then(|_| build(&root()))
+            .and_then(|_| bench::run(&root())),
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|demo|test>");
+            eprintln!("usage: cargo xtask <setup|build|demo|test|bench>");
             return ExitCode::from(2);
         }
     };

@@ -1,10 +1,10 @@
 //! Maps and settings shared by the probes; one file per event source.
 
 mod cpu_sampling;
+mod page_faults;
 mod sched;
 mod slot_mark;
 mod syscalls;
-mod page_faults;
 mod tlb;
 
 use aya_ebpf::{

@@ -54,7 +54,9 @@ pub fn slotprof_loop(_ctx: ProbeContext) -> u32 {
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid,
         tid: pid_tgid as u32,
-        page_faults: PAGE_FAULTS.get_ptr(&(pid_tgid as u32)).map_or(0, |n| unsafe { *n }),
+        page_faults: PAGE_FAULTS
+            .get_ptr(&(pid_tgid as u32))
+            .map_or(0, |n| unsafe { *n }),
     });
     entry.submit(0);
     0

@@ -48,12 +48,19 @@ pub fn detect(
     let Some(tid) = inputs.loop_tid(config) else {
         return Vec::new();
     };
-    let mut marks: Vec<(u64, u64)> =
-        inputs.loop_marks.iter().filter(|m| m.tid == tid).map(|m| (m.ts_ns, m.page_faults)).collect();
+    let mut marks: Vec<(u64, u64)> = inputs
+        .loop_marks
+        .iter()
+        .filter(|m| m.tid == tid)
+        .map(|m| (m.ts_ns, m.page_faults))
+        .collect();
     marks.sort_unstable();
     // User page faults between the marks that open and close a gap.
     let faults_in = |a: u64| -> u64 {
-        marks.windows(2).find(|w| w[0].0 == a).map_or(0, |w| w[1].1.saturating_sub(w[0].1))
+        marks
+            .windows(2)
+            .find(|w| w[0].0 == a)
+            .map_or(0, |w| w[1].1.saturating_sub(w[0].1))
     };
     let intervals: Vec<_> = inputs.intervals.iter().filter(|i| i.key.tid == tid).collect();
     let windows: Vec<(u64, u64)> = if marks.is_empty() {
