@@ -53,13 +53,7 @@ pub fn detect(
     buckets: &Buckets,
     names: &mut NameStack,
 ) -> Vec<Finding> {
-    let mut hot: Vec<u32> = inputs
-        .thread_names
-        .iter()
-        .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
-        .map(|(t, _)| *t)
-        .collect();
-    hot.extend(inputs.loop_tid(config));
+    let hot = inputs.hot_tids(config);
     let mut idle_stack: HashMap<i32, bool> = HashMap::new();
     let mut acc: BTreeMap<(u64, u64), Acc> = BTreeMap::new();
     for f in inputs.futex {

@@ -118,6 +118,19 @@ impl Inputs<'_> {
             .unwrap_or_else(|| format!("tid {tid}"))
     }
 
+    /// Threads whose every stall counts: `--hot-thread` names and the
+    /// loop thread.
+    pub fn hot_tids(&self, config: &DetectorConfig) -> Vec<u32> {
+        let mut hot: Vec<u32> = self
+            .thread_names
+            .iter()
+            .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
+            .map(|(t, _)| *t)
+            .collect();
+        hot.extend(self.loop_tid(config));
+        hot
+    }
+
     /// The loop thread's tid, from the config or the loop marks.
     pub fn loop_tid(&self, config: &DetectorConfig) -> Option<u32> {
         match &config.loop_thread {

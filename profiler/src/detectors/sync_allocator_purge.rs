@@ -52,13 +52,7 @@ pub fn detect(
     buckets: &Buckets,
     names: &mut NameStack,
 ) -> Vec<Finding> {
-    let mut hot: Vec<u32> = inputs
-        .thread_names
-        .iter()
-        .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
-        .map(|(t, _)| *t)
-        .collect();
-    hot.extend(inputs.loop_tid(config));
+    let mut hot = inputs.hot_tids(config);
     if hot.is_empty() {
         hot.push(inputs.pid);
     }
