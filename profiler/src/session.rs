@@ -88,24 +88,12 @@ pub async fn run(
             let exe = opts.exe.clone().or_else(|| target.exe.clone()).with_context(|| {
                 format!("--loop-symbol: cannot find the executable of pid {}", target.pid)
             })?;
-            let f = symbolizer::functions::find(&exe, function)?;
-            Some((
-                exe.clone(),
-                f.file_offset,
-                format!("{}:{}", exe.display(), f.name),
-            ))
+            Some(uprobe_target(&exe, function)?)
         }
         None => None,
     };
     let slot_uprobe = match &opts.slot_source {
-        Some(SlotSourceSpec::Uprobe { binary, function, .. }) => {
-            let f = symbolizer::functions::find(binary, function)?;
-            Some((
-                binary.clone(),
-                f.file_offset,
-                format!("{}:{}", binary.display(), f.name),
-            ))
-        }
+        Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
         _ => None,
     };
 
@@ -427,6 +415,17 @@ pub async fn run(
         summary_path,
         printed,
     })
+}
+
+/// Where a uprobe on `function` of `binary` goes: (binary, file offset,
+/// `binary:demangled name` for messages).
+fn uprobe_target(binary: &std::path::Path, function: &str) -> anyhow::Result<(PathBuf, u64, String)> {
+    let f = symbolizer::functions::find(binary, function)?;
+    Ok((
+        binary.to_path_buf(),
+        f.file_offset,
+        format!("{}:{}", binary.display(), f.name),
+    ))
 }
 
 /// After releasing a held child: its view once it has exec'd the command
