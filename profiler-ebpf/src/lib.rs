@@ -48,6 +48,48 @@ pub enum EventKind {
     FutexWait = 5,
     /// [`LoopMark`].
     LoopMark = 6,
+    /// [`UserRegs`].
+    UserRegs = 7,
+}
+
+/// Registers of a target thread interrupted in user mode by the cpu-clock
+/// sample (x86-64 `struct pt_regs` order): what lets userspace work out
+/// which memory the sampled instructions touched when there is no PMU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserRegs {
+    /// [`EventKind::UserRegs`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub regs: [u64; PT_REGS_WORDS],
+}
+
+/// Words in x86-64 `struct pt_regs`.
+pub const PT_REGS_WORDS: usize = 21;
+
+/// Indices into [`UserRegs::regs`] (x86-64 `struct pt_regs`).
+pub mod reg {
+    pub const R15: usize = 0;
+    pub const R14: usize = 1;
+    pub const R13: usize = 2;
+    pub const R12: usize = 3;
+    pub const RBP: usize = 4;
+    pub const RBX: usize = 5;
+    pub const R11: usize = 6;
+    pub const R10: usize = 7;
+    pub const R9: usize = 8;
+    pub const R8: usize = 9;
+    pub const RAX: usize = 10;
+    pub const RCX: usize = 11;
+    pub const RDX: usize = 12;
+    pub const RSI: usize = 13;
+    pub const RDI: usize = 14;
+    pub const RIP: usize = 16;
+    pub const CS: usize = 17;
+    pub const RSP: usize = 19;
 }
 
 /// One madvise(2) call of a thread of the target.

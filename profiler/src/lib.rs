@@ -13,6 +13,7 @@ pub mod detectors;
 pub mod diff;
 pub mod duration;
 pub mod events;
+pub mod memory_access;
 pub mod output;
 pub mod privileges;
 pub mod probes;
@@ -22,6 +23,7 @@ pub mod slot_export;
 pub mod slot_sources;
 pub mod slots;
 pub mod target;
+pub mod topology;
 pub mod tracefs;
 
 /// slotprof's version, as written into every summary.

@@ -83,6 +83,22 @@ pub fn find(path: &Path, wanted: &str) -> anyhow::Result<FoundFunction> {
     Ok(FoundFunction { name, file_offset })
 }
 
+/// The data symbol (a global in .data/.bss) of the ELF file `path`,
+/// mapped with its offset-0 segment at `base`, that holds `addr`:
+/// `name+0xoff`.
+pub fn data_symbol(path: &Path, base: u64, addr: u64) -> Option<String> {
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    // The first loadable segment is the one at file offset 0.
+    let first_vaddr = file.segments().map(|s| s.address()).min()?;
+    let vaddr = (addr.checked_sub(base)?).checked_add(first_vaddr & !0xfff)?;
+    let sym = file.symbols().find(|s| {
+        s.kind() == SymbolKind::Data && s.size() > 0 && s.address() <= vaddr && vaddr < s.address() + s.size()
+    })?;
+    let name = demangle(sym.name().ok()?);
+    Some(format!("{name}+{:#x}", vaddr - sym.address()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -104,6 +104,61 @@ impl Symbolizer {
         frames
     }
 
+    /// Where the function holding user address `addr` of `pid` starts
+    /// (an address in the same process), if its symbol is known.
+    pub fn function_start(&mut self, pid: u32, addr: u64) -> Option<u64> {
+        let m = self.processes.get(&pid)?.find(addr)?;
+        let path = m.path.clone()?;
+        let file_offset = addr - m.start + m.file_offset;
+        let src = Source::Elf(Elf::new(&path));
+        match self.blaze.symbolize_single(&src, Input::FileOffset(file_offset)) {
+            Ok(Symbolized::Sym(sym)) => addr.checked_sub(sym.offset as u64),
+            _ => None,
+        }
+    }
+
+    /// `len` bytes of the file behind user address `addr` of `pid` (code,
+    /// for decoding), read from the file, so it works after the process
+    /// exited; shorter at the end of the mapping.
+    pub fn code_at(&self, pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let m = self.processes.get(&pid)?.find(addr)?;
+        let path = m.path.as_ref()?;
+        let len = len.min((m.end - addr) as usize);
+        let mut f = std::fs::File::open(path).ok()?;
+        f.seek(SeekFrom::Start(addr - m.start + m.file_offset)).ok()?;
+        let mut buf = vec![0; len];
+        let n = f.read(&mut buf).ok()?;
+        buf.truncate(n);
+        Some(buf)
+    }
+
+    /// Names a data address of `pid`: `symbol+0xoff` when it falls in a
+    /// global of a mapped ELF file (its .data or .bss), else the mapping
+    /// (`[heap]`, `[anon]`, `[stack]`) and the offset into it.
+    pub fn data_name(&self, pid: u32, addr: u64) -> String {
+        let Some(maps) = self.processes.get(&pid) else {
+            return format!("{addr:#x}");
+        };
+        // Each mapped file's load bias, from its mapping at file offset 0.
+        let mut files: Vec<(&std::path::Path, u64)> = maps
+            .mappings()
+            .iter()
+            .filter(|m| m.file_offset == 0)
+            .filter_map(|m| Some((m.path.as_deref()?, m.start)))
+            .collect();
+        files.dedup_by_key(|(p, _)| *p);
+        for (path, base) in files {
+            if let Some(name) = crate::functions::data_symbol(path, base, addr) {
+                return name;
+            }
+        }
+        match maps.find(addr) {
+            Some(m) => format!("{}+{:#x}", m.label, addr - m.start),
+            None => format!("{addr:#x}"),
+        }
+    }
+
     /// Frames for a kernel address, innermost first (see [`Self::user_frame`]).
     pub fn kernel_frame(&mut self, addr: u64, is_return_address: bool) -> Vec<String> {
         let lookup = if is_return_address {

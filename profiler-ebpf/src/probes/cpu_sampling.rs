@@ -10,7 +10,7 @@ use aya_ebpf::{
     macros::perf_event,
     programs::PerfEventContext,
 };
-use profiler_ebpf::{counter, CpuSample, EventKind};
+use profiler_ebpf::{counter, reg, CpuSample, EventKind, UserRegs, PT_REGS_WORDS};
 
 use super::{count, is_target, stack_id, BPF_F_USER_STACK, EVENTS};
 
@@ -39,5 +39,44 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     entry.submit(0);
+    user_regs(&ctx, tgid, pid_tgid as u32);
     0
+}
+
+/// Sends the registers of a sample taken in user mode (cache-line
+/// detector, VM path). x86-64 only: the layout is `struct pt_regs`.
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext, tgid: u32, tid: u32) {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        use aya_ebpf::EbpfContext;
+        // bpf_perf_event_data starts with the interrupted registers. The
+        // verifier only allows loads at constant offsets from the context
+        // pointer itself, so each word is its own volatile load.
+        let base = ctx.as_ptr() as *const u64;
+        let mut regs = [0u64; PT_REGS_WORDS];
+        let mut i = 0;
+        while i < PT_REGS_WORDS {
+            regs[i] = unsafe { core::ptr::read_volatile(base.add(i)) };
+            i += 1;
+        }
+        if regs[reg::CS] & 3 != 3 {
+            return; // interrupted in the kernel: these are not user registers
+        }
+        let Some(mut entry) = EVENTS.reserve::<UserRegs>(0) else {
+            count(counter::RING_FULL);
+            return;
+        };
+        entry.write(UserRegs {
+            kind: EventKind::UserRegs as u32,
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+            tgid,
+            tid,
+            regs,
+        });
+        entry.submit(0);
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    let _ = (ctx, tgid, tid);
 }

@@ -5,6 +5,7 @@
 //! slots) and a way to name stacks; none touches the kernel, so each is
 //! unit-tested on constructed event streams.
 
+pub mod cache_line_ping_pong;
 pub mod lock_contention;
 pub mod main_loop_gap;
 pub mod sync_allocator_purge;
@@ -111,7 +112,7 @@ pub struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    fn thread_name(&self, tid: u32) -> String {
+    pub(crate) fn thread_name(&self, tid: u32) -> String {
         self.thread_names
             .get(&tid)
             .cloned()
