@@ -7,7 +7,9 @@
 use std::collections::{HashMap, HashSet};
 
 use flamegraphs::Folded;
-use profiler_ebpf::{stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, COMM_LEN};
+use profiler_ebpf::{
+    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, UserRegs, COMM_LEN,
+};
 use serde::Serialize;
 use symbolizer::Symbolizer;
 
@@ -74,6 +76,8 @@ pub struct Aggregator {
     pub futex_log: Vec<FutexWait>,
     /// Main-loop iteration starts (`--loop-symbol`).
     pub loop_marks: Vec<LoopMark>,
+    /// Registers of the samples taken in user mode (cache-line detector).
+    pub user_regs: Vec<UserRegs>,
     threads: HashMap<u32, ThreadTotals>,
     longest: Vec<LongInterval>,
     pub samples: u64,
@@ -139,6 +143,7 @@ impl Aggregator {
             Event::Madvise(m) => self.madvise_log.push(*m),
             Event::FutexWait(f) => self.futex_log.push(*f),
             Event::LoopMark(l) => self.loop_marks.push(*l),
+            Event::UserRegs(r) => self.user_regs.push(*r),
         }
     }
 

@@ -119,6 +119,15 @@ pub struct DetectorArgs {
     /// madvise time per hot thread per slot that makes a SyncAllocatorPurge.
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]
     pub purge_threshold: Duration,
+    /// CPU topology override for the cache-line detector: one line per CCX
+    /// (last-level cache domain), each a CPU list such as `0-7`; default:
+    /// sysfs.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<PathBuf>,
+    /// Share of the involved threads' samples on one cache line that makes
+    /// a CacheLinePingPong.
+    #[arg(long, default_value_t = 0.05)]
+    pub pingpong_threshold: f64,
     /// Futex wait per lock per slot that makes a LockContention.
     #[arg(long, default_value = "2ms", value_parser = parse_duration)]
     pub lock_threshold: Duration,
@@ -134,6 +143,8 @@ impl DetectorArgs {
             purge_threshold_ns: self.purge_threshold.as_nanos() as u64,
             lock_threshold_ns: self.lock_threshold.as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / freq_hz.max(1),
+            topology: self.topology.clone(),
+            pingpong_threshold: self.pingpong_threshold,
         }
     }
 }

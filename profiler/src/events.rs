@@ -1,6 +1,8 @@
 //! Decoding ring-buffer records.
 
-use profiler_ebpf::{CpuSample, EventKind, FutexWait, LoopMark, MadviseCall, OffCpuInterval, SlotMark};
+use profiler_ebpf::{
+    CpuSample, EventKind, FutexWait, LoopMark, MadviseCall, OffCpuInterval, SlotMark, UserRegs,
+};
 
 /// One record from the kernel.
 #[derive(Clone, Copy, Debug)]
@@ -11,6 +13,7 @@ pub enum Event {
     Madvise(MadviseCall),
     FutexWait(FutexWait),
     LoopMark(LoopMark),
+    UserRegs(UserRegs),
 }
 
 /// Decodes one record; `None` for a record of unknown kind or short length
@@ -29,6 +32,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<FutexWait>(bytes).map(Event::FutexWait)
     } else if kind == EventKind::LoopMark as u32 {
         read::<LoopMark>(bytes).map(Event::LoopMark)
+    } else if kind == EventKind::UserRegs as u32 {
+        read::<UserRegs>(bytes).map(Event::UserRegs)
     } else {
         None
     }

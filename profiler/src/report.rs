@@ -45,6 +45,8 @@ pub struct Summary {
     pub madvise_by_thread: Vec<MadviseTotals>,
     /// TLB flushes and shootdown IPIs caused by the target's threads.
     pub tlb: Tlb,
+    /// How the cache-line detector saw memory, and on what topology.
+    pub cache_lines: CacheLines,
     pub outputs: Vec<String>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
@@ -121,6 +123,19 @@ pub fn madvise_by_thread(
     let mut v: Vec<_> = by.into_values().collect();
     v.sort_by(|a, b| b.ms.total_cmp(&a.ms));
     v
+}
+
+/// The cache-line detector's view.
+#[derive(Debug, Serialize)]
+pub struct CacheLines {
+    #[serde(flatten)]
+    pub path: crate::topology::CacheLinePath,
+    /// "sysfs" or the --topology file.
+    pub topology: String,
+    /// User-mode samples with registers, and the memory accesses decoded
+    /// from them.
+    pub samples_with_registers: usize,
+    pub decoded_accesses: usize,
 }
 
 /// TLB work caused by the target.

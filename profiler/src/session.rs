@@ -300,12 +300,34 @@ pub async fn run(
         thread_names: &thread_names,
     };
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
-    let findings = {
+    let topology = match &opts.detectors.topology {
+        Some(file) => crate::topology::Topology::from_file(file)?,
+        None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
+    };
+    let mut findings = {
         let mut namer = StackNamer::new(&stacks, &mut sym);
         detectors::run_all(&inputs, &opts.detectors, &buckets, &mut |tgid, id, kernel| {
             namer.part(tgid, id, kernel)
         })
     };
+    // Cache lines: decode the user-mode samples into memory accesses.
+    let accesses = crate::memory_access::decode(&agg.user_regs, &mut sym);
+    let mut per_thread = std::collections::BTreeMap::new();
+    for r in &agg.user_regs {
+        *per_thread.entry(r.tid).or_insert(0u64) += 1;
+    }
+    findings.extend(detectors::cache_line_ping_pong::detect(
+        &inputs,
+        &accesses,
+        &per_thread,
+        &topology,
+        opts.detectors.pingpong_threshold,
+        &mut SymNames {
+            sym: &mut sym,
+            pid: target.pid,
+        },
+    ));
+
     let findings_path = opts.out.join("findings.json");
     crate::output::write_atomic(&findings_path, &serde_json::to_vec_pretty(&findings)?)?;
     written.push(findings_path);
@@ -401,6 +423,12 @@ pub async fn run(
             by_kind
         },
         madvise_by_thread: report::madvise_by_thread(&agg.madvise_log, &thread_names),
+        cache_lines: report::CacheLines {
+            path: crate::topology::cache_line_path(),
+            topology: topology.source.clone(),
+            samples_with_registers: agg.user_regs.len(),
+            decoded_accesses: accesses.len(),
+        },
         tlb: report::Tlb {
             flushes: counters.tlb_local,
             shootdown_ipis: counters.tlb_ipis,
@@ -415,6 +443,30 @@ pub async fn run(
         summary_path,
         printed,
     })
+}
+
+/// Code and data names for the cache-line detector.
+struct SymNames<'a> {
+    sym: &'a mut Symbolizer,
+    pid: u32,
+}
+
+impl detectors::cache_line_ping_pong::AddressNames for SymNames<'_> {
+    fn code(&mut self, addr: u64) -> String {
+        let name = self
+            .sym
+            .user_frame(self.pid, addr, false)
+            .pop()
+            .unwrap_or_default();
+        match self.sym.function_start(self.pid, addr) {
+            Some(start) => format!("{name}+{:#x}", addr - start),
+            None => name,
+        }
+    }
+
+    fn data(&mut self, addr: u64) -> String {
+        self.sym.data_name(self.pid, addr)
+    }
 }
 
 /// Where a uprobe on `function` of `binary` goes: (binary, file offset,

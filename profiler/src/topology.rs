@@ -40,6 +40,35 @@ pub struct Topology {
     pub source: String,
 }
 
+/// Which way the cache-line detector sees memory accesses here.
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheLinePath {
+    /// "vm": data addresses from decoded samples and registers.
+    pub path: &'static str,
+    /// In plain words: what was found and why this path runs.
+    pub why: String,
+}
+
+/// Looks for a PMU that samples data addresses (AMD IBS op, Intel
+/// load-latency events) and says which path runs.
+pub fn cache_line_path() -> CacheLinePath {
+    let devices = Path::new("/sys/bus/event_source/devices");
+    let ibs = devices.join("ibs_op").exists();
+    let pebs = devices.join("cpu/events/mem-loads").exists();
+    let why = match (ibs, pebs) {
+        (true, _) => "this machine has AMD IBS op, but slotprof's hardware path is not built yet: using the VM \
+                      path (decoded samples)"
+            .to_string(),
+        (_, true) => "this machine has Intel load-latency sampling, but slotprof's hardware path is not built \
+                      yet: using the VM path (decoded samples)"
+            .to_string(),
+        _ => "no PMU with data addresses here (no ibs_op, no Intel mem-loads in /sys/bus/event_source/devices, \
+              as in most VMs and TEE guests): using the VM path (decoded samples)"
+            .to_string(),
+    };
+    CacheLinePath { path: "vm", why }
+}
+
 /// Parses a kernel CPU list: `0-3,8,10-11`.
 pub fn parse_cpu_list(s: &str) -> anyhow::Result<Vec<u32>> {
     let mut out = Vec::new();

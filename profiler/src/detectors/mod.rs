@@ -83,6 +83,10 @@ pub struct DetectorConfig {
     pub lock_threshold_ns: u64,
     /// On-CPU sampling period.
     pub sample_period_ns: u64,
+    /// `--topology`: CCXs from a file instead of sysfs.
+    pub topology: Option<std::path::PathBuf>,
+    /// Share of samples on a line that makes a CacheLinePingPong.
+    pub pingpong_threshold: f64,
 }
 
 impl Default for DetectorConfig {
@@ -94,6 +98,8 @@ impl Default for DetectorConfig {
             purge_threshold_ns: 1_000_000,
             lock_threshold_ns: 2_000_000,
             sample_period_ns: 1_000_000_000 / 99,
+            topology: None,
+            pingpong_threshold: 0.05,
         }
     }
 }

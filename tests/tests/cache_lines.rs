@@ -1,0 +1,120 @@
+//! CacheLinePingPong under real probes (the VM path: decoded samples),
+//! against programs that share a cache line on purpose, and padded twins.
+
+mod common;
+
+use common::*;
+
+/// Runs `stall-false-sharing` under `slotprof record`; returns
+/// (CacheLinePingPong findings, program report).
+fn run(
+    test: &str,
+    mode: &str,
+    padded: bool,
+    topology: Option<&str>,
+) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let dir = scratch(test);
+    let report = dir.join("report.json");
+    let out = dir.join("out");
+    let topo_file = dir.join("topology");
+    let bin = stall_program("stall-false-sharing");
+    let mut argv = vec!["record", "-F", "499", "--out", out.to_str().unwrap()];
+    if let Some(t) = topology {
+        std::fs::write(&topo_file, t).unwrap();
+        argv.extend(["--topology", topo_file.to_str().unwrap()]);
+    }
+    argv.extend([
+        "--",
+        bin.to_str().unwrap(),
+        "--mode",
+        mode,
+        "--seconds",
+        "3",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    if padded {
+        argv.push("--padded");
+    }
+    let o = run_slotprof(&argv);
+    assert!(o.status.success());
+    let findings = read_json(&out.join("findings.json"))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "CacheLinePingPong")
+        .cloned()
+        .collect();
+    let truth = read_json(&report);
+    let _ = std::fs::remove_dir_all(&dir);
+    (findings, truth)
+}
+
+fn names(f: &serde_json::Value) -> Vec<String> {
+    f["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn needs_two_cpus() -> bool {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("SKIPPED: ping-pong needs two CPUs");
+        return false;
+    }
+    true
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn adjacent_counters_are_the_top_line_and_the_padded_twin_is_clean() {
+    let Some(_k) = kernel() else { return };
+    if !needs_two_cpus() {
+        return;
+    }
+    let (f, truth) = run("fs-counters", "counters", false, None);
+    let top = f.first().unwrap_or_else(|| panic!("no CacheLinePingPong"));
+    assert_eq!(
+        top["magnitudes"]["line"].as_f64().unwrap() as u64,
+        truth["shared_line"].as_u64().unwrap()
+    );
+    let sites = names(top);
+    assert!(
+        sites.iter().any(|s| s.contains("bump_a")) && sites.iter().any(|s| s.contains("bump_b")),
+        "{sites:?}"
+    );
+    assert!(top["magnitudes"]["atomic_rmw"].as_f64().unwrap() > 0.0);
+    // This VM's two CPUs share one L3.
+    assert_eq!(top["cause"], "cross-core (same CCX)", "{top}");
+
+    let (f, _) = run("fs-counters-padded", "counters", true, None);
+    assert!(f.is_empty(), "padded twin: {f:?}");
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn the_incidents_rwlock_shape_is_found_and_says_cross_ccx_when_the_ccxs_differ() {
+    let Some(_k) = kernel() else { return };
+    if !needs_two_cpus() {
+        return;
+    }
+    // Present the two CPUs as two CCXs (threads are pinned to 0 and 1).
+    let (f, truth) = run("fs-rwlock", "rwlock", false, Some("# test topology\n0\n1\n"));
+    let top = f.first().unwrap_or_else(|| panic!("no CacheLinePingPong"));
+    assert_eq!(
+        top["magnitudes"]["line"].as_f64().unwrap() as u64,
+        truth["shared_line"].as_u64().unwrap()
+    );
+    let sites = names(top);
+    assert!(
+        sites.iter().any(|s| s.contains("check_bank")) && sites.iter().any(|s| s.contains("replay_reads")),
+        "{sites:?}"
+    );
+    assert_eq!(top["cause"], "cross-CCX", "{top}");
+    assert!(top["magnitudes"]["loads"].as_f64().unwrap() > 0.0);
+
+    let (f, _) = run("fs-rwlock-padded", "rwlock", true, Some("0\n1\n"));
+    assert!(f.is_empty(), "padded twin: {f:?}");
+}
