@@ -133,9 +133,11 @@ pub fn detect(
             stack: sites.into_iter().map(|(_, s)| s).collect(),
             waker_stack: Vec::new(),
             explanation: format!(
-                "cache line {line:#x} ({data}) bounces {}: {}; {:.1}% of these threads' samples are on it \
-                 (found from decoded samples: the VM path)",
+                "cache line {line:#x} ({data}) bounces {} between CPUs {} (CCX {}): {}; {:.1}% of these threads' \
+                 samples are on it (found from decoded samples: the VM path)",
                 distance.label(),
+                cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                ccxs.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
                 who.join(" and "),
                 share * 100.0
             ),
