@@ -162,15 +162,20 @@ pub fn trace_json(
         json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": SLOTS_TID, "args": {"sort_index": -2}}),
         json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": WINDOWS_TID, "args": {"sort_index": -1}}),
     ];
-    let mut named = std::collections::BTreeMap::new();
-    for (tid, comm) in samples
+    // A thread's name is the last one it had: threads name themselves
+    // after they start.
+    let mut named: BTreeMap<u32, (u64, &String)> = BTreeMap::new();
+    let seen = samples
         .iter()
-        .map(|s| (s.tid, &s.comm))
-        .chain(intervals.iter().map(|i| (i.tid, &i.comm)))
-    {
-        named.entry(tid).or_insert_with(|| comm.clone());
+        .map(|s| (s.tid, s.ts_ns, &s.comm))
+        .chain(intervals.iter().map(|i| (i.tid, i.end_ns, &i.comm)));
+    for (tid, ts, comm) in seen {
+        let e = named.entry(tid).or_insert((ts, comm));
+        if ts >= e.0 {
+            *e = (ts, comm);
+        }
     }
-    for (tid, comm) in &named {
+    for (tid, (_, comm)) in &named {
         events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}));
     }
     for s in timeline.slots() {
