@@ -60,6 +60,7 @@ fn run_validator_with(
 /// dominates exactly the heavy slots.
 fn check_slots(out: &Path, truth: &serde_json::Value) {
     let mut checked = 0;
+    let mut light_work = 0;
     for s in truth["slots"].as_array().unwrap() {
         let n = s["slot"].as_u64().unwrap();
         let dir = out.join("slots").join(n.to_string());
@@ -81,14 +82,14 @@ fn check_slots(out: &Path, truth: &serde_json::Value) {
             );
         } else {
             assert_eq!(heavy, 0, "light slot {n} has heavy_slot_work samples");
-            assert!(
-                on.total_where(|f| f.ends_with("process_slot")) > 0,
-                "slot {n}: no process_slot"
-            );
+            // A light slot holds ~40 ms of work: a few samples at 99 Hz,
+            // sometimes none, so this is counted over all light slots.
+            light_work += on.total_where(|f| f.ends_with("process_slot"));
         }
         checked += 1;
     }
     assert!(checked >= 8);
+    assert!(light_work > 0, "no process_slot samples in any light slot");
 }
 
 #[test]
