@@ -261,8 +261,27 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "stall-gaps",
         &["--seconds", "5", "--smooth"],
     );
+    // The smooth loop itself never stalls. On this shared 2-vCPU machine the
+    // loop can still wait for a CPU now and then: that is a real gap, and
+    // it must be reported as exactly that, never as one of the program's
+    // own kinds.
     let smooth = findings(&out, "MainLoopGap");
-    assert!(smooth.is_empty(), "gaps on the smooth twin: {smooth:?}");
+    let (waits, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| f["cause"] == "waiting for a CPU");
+    if !waits.is_empty() {
+        eprintln!(
+            "smooth twin: {} gaps of waiting for a CPU (machine noise)",
+            waits.len()
+        );
+    }
+    assert!(
+        invented.is_empty(),
+        "gaps the smooth twin did not have: {invented:?}"
+    );
+    assert!(
+        waits.len() <= 3,
+        "too many CPU-wait gaps for a smooth loop: {}",
+        waits.len()
+    );
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
 
