@@ -260,6 +260,9 @@ pub struct OffCpuInterval {
     pub waker_kernel_stack_id: i32,
     pub comm: [u8; COMM_LEN],
     pub waker_comm: [u8; COMM_LEN],
+    /// When it was woken (0 if not seen): from here to `end_ns` it was
+    /// runnable, waiting for a CPU.
+    pub woken_ns: u64,
 }
 
 /// Per-thread state kept while a thread of the target is off-CPU.
@@ -277,6 +280,7 @@ pub struct OffCpuStart {
     pub waker_kernel_stack_id: i32,
     pub waker_user_stack_id: i32,
     pub waker_comm: [u8; COMM_LEN],
+    pub woken_ns: u64,
 }
 
 /// Byte offsets of the tracepoint fields the programs read. Userspace takes

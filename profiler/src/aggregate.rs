@@ -113,6 +113,9 @@ pub struct Interval {
     pub key: StackKey,
     /// Runnable but waiting for a CPU, not blocked.
     pub preempted: bool,
+    /// When a blocked thread was woken (0: not seen); it waited for a CPU
+    /// from then to `end_ns`.
+    pub woken_ns: u64,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -190,6 +193,7 @@ impl Aggregator {
             end_ns: o.end_ns,
             key,
             preempted,
+            woken_ns: o.woken_ns,
         });
         self.offcpu_intervals += 1;
         self.offcpu_ns += ns;
@@ -535,6 +539,7 @@ mod tests {
             waker_kernel_stack_id: -1,
             comm: comm("sleeper"),
             waker_comm: comm("waker"),
+            woken_ns: 0,
         }
     }
 

@@ -227,6 +227,7 @@ pub async fn run(
                     waker_kernel_stack_id: -1,
                     comm: c,
                     waker_comm: [0; 16],
+                    woken_ns: 0,
                 },
                 true,
             );

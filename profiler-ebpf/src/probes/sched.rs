@@ -37,6 +37,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
                 tgid,
                 waker_kernel_stack_id: -1,
                 waker_user_stack_id: -1,
+                woken_ns: 0,
                 waker_comm: [0; COMM_LEN],
             };
             if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
@@ -90,6 +91,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         waker_kernel_stack_id: start.waker_kernel_stack_id,
         comm,
         waker_comm: start.waker_comm,
+        woken_ns: start.woken_ns,
     });
     entry.submit(0);
     count(counter::OFFCPU_INTERVALS);
@@ -112,6 +114,7 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     let waker_kernel_stack_id = stack_id(&ctx, 0);
     let waker_user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
     unsafe {
+        (*start).woken_ns = bpf_ktime_get_ns();
         (*start).waker_kernel_stack_id = waker_kernel_stack_id;
         (*start).waker_user_stack_id = waker_user_stack_id;
         (*start).waker_tid = pid_tgid as u32;

@@ -96,6 +96,14 @@ pub fn detect(
                 runqueue += o;
                 continue;
             }
+            // Blocked until woken, then runnable until it got a CPU.
+            let woken = if i.woken_ns > i.start_ns && i.woken_ns < i.end_ns {
+                i.woken_ns
+            } else {
+                i.end_ns
+            };
+            let o = overlap(a, b, i.start_ns, woken);
+            runqueue += overlap(a, b, woken, i.end_ns);
             let kernel = names(i.key.tgid, i.key.kernel_stack_id, true);
             *blocked.entry(blocked_on(&kernel)).or_default() += o;
             if biggest_block.is_none_or(|(n, _)| o > n) {
@@ -245,12 +253,14 @@ mod tests {
                 end_ns: 29 * MS,
                 key: key(7, "main-loop", 1, 101),
                 preempted: false,
+                woken_ns: 0,
             },
             Interval {
                 start_ns: 41 * MS,
                 end_ns: 51 * MS,
                 key: key(7, "main-loop", 2, 102),
                 preempted: false,
+                woken_ns: 0,
             },
         ];
         let samples: Vec<_> = (0..20)
@@ -298,6 +308,25 @@ mod tests {
     }
 
     #[test]
+    fn a_short_sleep_that_waited_long_for_a_cpu_is_a_cpu_wait() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 0), mark(7, 7 * MS)];
+        // Slept 0.5 ms, then runnable for 5.5 ms before it ran.
+        let intervals = [Interval {
+            start_ns: MS,
+            end_ns: 7 * MS,
+            key: key(7, "main-loop", 2, 102),
+            preempted: false,
+            woken_ns: MS + MS / 2,
+        }];
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let mut n = namer(HashMap::from([(102, vec!["do_nanosleep", "schedule"])]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("waiting for a CPU"));
+        assert_eq!(f[0].magnitudes["runqueue_ms"], 5.5);
+    }
+
+    #[test]
     fn without_marks_long_off_cpu_intervals_are_gaps() {
         let names = HashMap::from([(7, "main-loop".to_string())]);
         let intervals = [
@@ -306,12 +335,14 @@ mod tests {
                 end_ns: 3 * MS,
                 key: key(7, "main-loop", 2, 102),
                 preempted: false,
+                woken_ns: 0,
             },
             Interval {
                 start_ns: 10 * MS,
                 end_ns: 18 * MS,
                 key: key(7, "main-loop", 2, 102),
                 preempted: true,
+                woken_ns: 0,
             },
         ];
         let inp = inputs(&[], &intervals, &[], &[], &names);
