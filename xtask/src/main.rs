@@ -103,6 +103,8 @@ fn demo(root: &Path) -> anyhow::Result<()> {
             &workload.id().to_string(),
             "--duration",
             "10s",
+            "--slot-source",
+            "clock=400ms,leader=4/8",
             "--out",
         ])
         .arg(&out)
@@ -119,6 +121,10 @@ fn demo(root: &Path) -> anyhow::Result<()> {
         "  profile.pb.gz             pprof: `go tool pprof -http=: {}/profile.pb.gz`",
         out.display()
     );
+    println!("  index.html                every 400 ms slot (a fixed clock here), sortable, with links");
+    println!("  slots/<n>/, windows/<n>/  the same profiles per slot and per 4-slot leader window");
+    println!("  trace.json                threads and slots on a timeline: open in https://ui.perfetto.dev");
+    println!("  findings.json             what the detectors found");
     println!("  summary.json              counts, lost events, probes, frame-pointer check");
     println!("  workload.json             what the workload itself says it did");
     Ok(())
