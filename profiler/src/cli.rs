@@ -59,6 +59,8 @@ pub struct ProfileArgs {
     pub slot_source: Option<crate::slots::SlotSourceSpec>,
     #[command(flatten)]
     pub detectors: DetectorArgs,
+    #[command(flatten)]
+    pub phase: PhaseArgs,
     /// Leave out the detectors' probes (madvise, futex, TLB flushes, IPIs,
     /// page faults): on-CPU and off-CPU profiles only.
     #[arg(long)]
@@ -146,5 +148,50 @@ impl DetectorArgs {
             topology: self.topology.clone(),
             pingpong_threshold: self.pingpong_threshold,
         }
+    }
+}
+
+/// The guest-side phase probe.
+#[derive(Debug, Args)]
+pub struct PhaseArgs {
+    /// Run the calibrated probe: a sha256 chain for --phase-burst every
+    /// --phase-every on each of --phase-cpus, to find a slow phase the host
+    /// imposes (e.g. kcompactd migrating the VM's memory). Costs
+    /// burst/every of each probed CPU (1% by default).
+    #[arg(long)]
+    pub phase_probe: bool,
+    /// CPUs to probe (a list such as `0-3,8`); default every online CPU.
+    #[arg(long, value_name = "LIST")]
+    pub phase_cpus: Option<String>,
+    /// How often each probe burst runs.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub phase_every: Duration,
+    /// How long each probe burst hashes.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub phase_burst: Duration,
+}
+
+impl PhaseArgs {
+    /// The probe's settings, if it is on.
+    pub fn config(&self) -> anyhow::Result<Option<crate::phase::probe::ProbeConfig>> {
+        if !self.phase_probe {
+            return Ok(None);
+        }
+        let cpus = match &self.phase_cpus {
+            Some(list) => crate::topology::parse_cpu_list(list)
+                .map_err(|e| anyhow::anyhow!("--phase-cpus {list:?}: {e} (give a CPU list such as 0-3,8)"))?,
+            None => {
+                crate::topology::parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online")?)?
+            }
+        };
+        anyhow::ensure!(
+            self.phase_burst < self.phase_every,
+            "--phase-burst must be shorter than --phase-every"
+        );
+        Ok(Some(crate::phase::probe::ProbeConfig {
+            cpus,
+            every: self.phase_every,
+            burst: self.phase_burst,
+        }))
     }
 }

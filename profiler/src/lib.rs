@@ -15,6 +15,7 @@ pub mod duration;
 pub mod events;
 pub mod memory_access;
 pub mod output;
+pub mod phase;
 pub mod privileges;
 pub mod probes;
 pub mod report;

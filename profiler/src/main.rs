@@ -56,6 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 loop_symbol: a.profile.detectors.loop_symbol.clone(),
                 exe: None,
                 detector_probes: !a.profile.no_detector_probes,
+                phase_probe: a.profile.phase.config()?,
                 slot_source: a.profile.slot_source,
             };
             eprintln!(
@@ -90,6 +91,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 loop_symbol: r.profile.detectors.loop_symbol.clone(),
                 exe: Some(exe),
                 detector_probes: !r.profile.no_detector_probes,
+                phase_probe: r.profile.phase.config()?,
                 slot_source: r.profile.slot_source,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;

@@ -47,6 +47,9 @@ pub struct Summary {
     pub tlb: Tlb,
     /// How the cache-line detector saw memory, and on what topology.
     pub cache_lines: CacheLines,
+    /// The guest-side phase probe's findings (`--phase-probe`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase_probe: Option<PhaseProbe>,
     pub outputs: Vec<String>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
@@ -123,6 +126,20 @@ pub fn madvise_by_thread(
     let mut v: Vec<_> = by.into_values().collect();
     v.sort_by(|a, b| b.ms.total_cmp(&a.ms));
     v
+}
+
+/// What the phase probe found, and how the session's slots and findings
+/// fall into its slow phase.
+#[derive(Debug, Serialize)]
+pub struct PhaseProbe {
+    pub every_ms: f64,
+    pub burst_ms: f64,
+    pub windows: usize,
+    pub cpus: Vec<crate::phase::analysis::CpuPhases>,
+    pub slow_slots: usize,
+    pub slots: usize,
+    pub findings_in_slow_phase: usize,
+    pub findings: usize,
 }
 
 /// The cache-line detector's view.

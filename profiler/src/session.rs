@@ -46,6 +46,8 @@ pub struct SessionOptions {
     pub exe: Option<PathBuf>,
     /// Attach the detectors' probes (see [`ProbeConfig::detector_probes`]).
     pub detector_probes: bool,
+    /// The guest-side phase probe, when on.
+    pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -145,6 +147,7 @@ pub async fn run(
         .as_deref()
         .and_then(|exe| symbolizer::frame_pointers::scan(exe).ok());
 
+    let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
     let progress = std::io::stderr().is_terminal();
     let mut agg = Aggregator::new();
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -188,6 +191,25 @@ pub async fn run(
         }
     };
     let elapsed = started.elapsed();
+    let phase_windows = phase_probe.map(|p| p.stop()).unwrap_or_default();
+    let phases: Vec<crate::phase::analysis::CpuPhases> = opts
+        .phase_probe
+        .iter()
+        .flat_map(|c| {
+            c.cpus
+                .iter()
+                .filter_map(|&cpu| crate::phase::analysis::analyze_cpu(cpu, &phase_windows, c.every))
+        })
+        .collect();
+    // The CPU that shows the slow phase most.
+    let strongest = phases
+        .iter()
+        .max_by(|a, b| a.slowdown.total_cmp(&b.slowdown))
+        .cloned();
+    let phase_of = |ts: u64| -> Option<&'static str> {
+        let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
+        crate::phase::analysis::slow_at(&phase_windows, p, ts).map(|slow| if slow { "slow" } else { "fast" })
+    };
     drain(ring.get_mut(), &mut agg, &slot_log);
     if progress {
         eprint!("\r\x1b[K");
@@ -335,7 +357,16 @@ pub async fn run(
     if opts.slot_source.is_some() {
         let per_slot = agg.resolve_slots(&timeline, &stacks, &mut sym);
         let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
-        slot_export::write_slots(&opts.out, &timeline, &per_slot, &findings, &meta, period_ns)?;
+        let slot_phase = |s: &crate::slots::Slot| phase_of(s.start_ns + s.duration_ns() / 2);
+        slot_export::write_slots(
+            &opts.out,
+            &timeline,
+            &per_slot,
+            &findings,
+            &slot_phase,
+            &meta,
+            period_ns,
+        )?;
         written.push(opts.out.join("slots/"));
         if timeline.slots().iter().any(|s| s.window.is_some()) {
             written.push(opts.out.join("windows/"));
@@ -424,6 +455,23 @@ pub async fn run(
             by_kind
         },
         madvise_by_thread: report::madvise_by_thread(&agg.madvise_log, &thread_names),
+        phase_probe: opts.phase_probe.as_ref().map(|c| {
+            let in_slow = |ts: u64| phase_of(ts) == Some("slow");
+            report::PhaseProbe {
+                every_ms: c.every.as_secs_f64() * 1e3,
+                burst_ms: c.burst.as_secs_f64() * 1e3,
+                windows: phase_windows.len(),
+                cpus: phases.clone(),
+                slow_slots: timeline
+                    .slots()
+                    .iter()
+                    .filter(|s| in_slow(s.start_ns + s.duration_ns() / 2))
+                    .count(),
+                slots: timeline.slots().len(),
+                findings_in_slow_phase: findings.iter().filter(|f| in_slow(f.start_ns)).count(),
+                findings: findings.len(),
+            }
+        }),
         cache_lines: report::CacheLines {
             path: crate::topology::cache_line_path(),
             topology: topology.source.clone(),

@@ -29,6 +29,9 @@ pub struct SlotSummary {
     pub threads: Vec<ThreadTime>,
     /// Detector findings in this slot.
     pub findings: Vec<Finding>,
+    /// "slow" or "fast" by the phase probe (`--phase-probe`), else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -79,6 +82,7 @@ fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_ns: u64) ->
             .filter(|f| f.slot == Some(slot.number))
             .cloned()
             .collect(),
+        phase: None,
     }
 }
 
@@ -89,6 +93,7 @@ pub fn write_slots(
     timeline: &Timeline,
     per_slot: &[Profiles],
     findings: &[Finding],
+    phase: &dyn Fn(&Slot) -> Option<&'static str>,
     meta: &ProfileMeta,
     period_ns: u64,
 ) -> anyhow::Result<Vec<SlotSummary>> {
@@ -102,7 +107,8 @@ pub fn write_slots(
             if slot.leader { " (leader)" } else { "" }
         );
         write_profiles(&dir, p, meta, &sub)?;
-        let summary = summarize(slot, p, findings, period_ns);
+        let mut summary = summarize(slot, p, findings, period_ns);
+        summary.phase = phase(slot);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         summaries.push(summary);
         if let Some(w) = slot.window {

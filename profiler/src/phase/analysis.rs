@@ -1,0 +1,184 @@
+//! Slow and fast phases from the probe's windows: threshold at the
+//! midpoint of p10 and p90, period by autocorrelation, duty cycle.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::probe::Window;
+
+/// What the probe found on one CPU.
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuPhases {
+    pub cpu: u32,
+    pub windows: usize,
+    pub p10_ns_per_hash: f64,
+    pub p90_ns_per_hash: f64,
+    /// Windows above this are slow: (p10 + p90) / 2.
+    pub threshold_ns_per_hash: f64,
+    /// Median slow window against median fast window, minus one.
+    pub slowdown: f64,
+    /// Share of windows in the slow phase.
+    pub slow_share: f64,
+    /// Period of the slow/fast cycle, when there is one.
+    pub period_s: Option<f64>,
+    /// Mean length of a slow stretch.
+    pub slow_burst_s: Option<f64>,
+    /// Whether there is a slow phase at all (a slowdown over 5% that
+    /// repeats), in plain words.
+    pub verdict: String,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Lag (in samples) of the strongest repeat in `x`, looking past the first
+/// dip of its autocorrelation; with its correlation.
+fn period_by_autocorrelation(x: &[f64]) -> Option<(usize, f64)> {
+    let n = x.len();
+    if n < 8 {
+        return None;
+    }
+    let mean = x.iter().sum::<f64>() / n as f64;
+    let c: Vec<f64> = x.iter().map(|v| v - mean).collect();
+    let var: f64 = c.iter().map(|v| v * v).sum();
+    if var == 0.0 {
+        return None;
+    }
+    let r = |lag: usize| -> f64 { (0..n - lag).map(|i| c[i] * c[i + lag]).sum::<f64>() / var };
+    let max_lag = n / 2;
+    let first_dip = (1..max_lag).find(|&l| r(l) < 0.0)?;
+    (first_dip..=max_lag)
+        .map(|l| (l, r(l)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+/// Analyses one CPU's windows (taken every `every`).
+pub fn analyze_cpu(cpu: u32, windows: &[Window], every: Duration) -> Option<CpuPhases> {
+    let series: Vec<f64> = windows
+        .iter()
+        .filter(|w| w.cpu == cpu)
+        .map(|w| w.ns_per_hash)
+        .collect();
+    if series.len() < 8 {
+        return None;
+    }
+    let mut sorted = series.clone();
+    sorted.sort_by(f64::total_cmp);
+    let (p10, p90) = (percentile(&sorted, 0.1), percentile(&sorted, 0.9));
+    let threshold = (p10 + p90) / 2.0;
+    let slow: Vec<f64> = series
+        .iter()
+        .map(|&v| if v > threshold { 1.0 } else { 0.0 })
+        .collect();
+    let slow_share = slow.iter().sum::<f64>() / slow.len() as f64;
+    let slowdown = {
+        let s = median(series.iter().copied().filter(|&v| v > threshold).collect());
+        let f = median(series.iter().copied().filter(|&v| v <= threshold).collect());
+        if f > 0.0 {
+            s / f - 1.0
+        } else {
+            0.0
+        }
+    };
+    let step = every.as_secs_f64();
+    let period = period_by_autocorrelation(&slow).filter(|&(_, r)| r > 0.3);
+    let runs: Vec<usize> = slow
+        .split(|&v| v == 0.0)
+        .map(<[f64]>::len)
+        .filter(|&l| l > 0)
+        .collect();
+    let slow_burst_s =
+        (!runs.is_empty()).then(|| runs.iter().sum::<usize>() as f64 / runs.len() as f64 * step);
+    let verdict = match period {
+        _ if slowdown < 0.05 => "no slow phase: the hash rate is steady".to_string(),
+        Some((lag, _)) => format!(
+            "a slow phase {:.0}% slower, {:.0}% of the time, repeating every {:.1} s",
+            slowdown * 100.0,
+            slow_share * 100.0,
+            lag as f64 * step
+        ),
+        None => format!(
+            "slow windows {:.0}% slower, {:.0}% of the time, with no regular period",
+            slowdown * 100.0,
+            slow_share * 100.0
+        ),
+    };
+    Some(CpuPhases {
+        cpu,
+        windows: series.len(),
+        p10_ns_per_hash: p10,
+        p90_ns_per_hash: p90,
+        threshold_ns_per_hash: threshold,
+        slowdown,
+        slow_share,
+        period_s: period.map(|(lag, _)| lag as f64 * step),
+        slow_burst_s,
+        verdict,
+    })
+}
+
+/// Whether time `ts` fell in a slow window on `cpu` (the nearest window).
+pub fn slow_at(windows: &[Window], phases: &CpuPhases, ts: u64) -> Option<bool> {
+    let on_cpu: Vec<&Window> = windows.iter().filter(|w| w.cpu == phases.cpu).collect();
+    let i = on_cpu.partition_point(|w| w.ts_ns <= ts);
+    let near = [i.checked_sub(1), Some(i)]
+        .into_iter()
+        .flatten()
+        .filter_map(|j| on_cpu.get(j))
+        .min_by_key(|w| w.ts_ns.abs_diff(ts))?;
+    Some(near.ns_per_hash > phases.threshold_ns_per_hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Windows every 100 ms; slow (x1.4) for `on` of every `period` windows.
+    fn square(n: usize, period: usize, on: usize) -> Vec<Window> {
+        (0..n)
+            .map(|i| Window {
+                ts_ns: i as u64 * 100_000_000,
+                cpu: 1,
+                ns_per_hash: if i % period < on { 1400.0 } else { 1000.0 } + (i % 7) as f64,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn square_wave_period_and_duty() {
+        let w = square(300, 50, 30);
+        let p = analyze_cpu(1, &w, Duration::from_millis(100)).unwrap();
+        assert!((p.period_s.unwrap() - 5.0).abs() < 0.2, "{p:?}");
+        assert!((p.slow_share - 0.6).abs() < 0.02, "{p:?}");
+        assert!((p.slow_burst_s.unwrap() - 3.0).abs() < 0.2, "{p:?}");
+        assert!((p.slowdown - 0.4).abs() < 0.02, "{p:?}");
+        assert!(p.verdict.contains("every 5.0 s"), "{}", p.verdict);
+        assert_eq!(slow_at(&w, &p, 100_000_000), Some(true));
+        assert_eq!(slow_at(&w, &p, 3_500_000_000), Some(false));
+    }
+
+    #[test]
+    fn steady_rate_has_no_slow_phase() {
+        let w: Vec<Window> = (0..200)
+            .map(|i| Window {
+                ts_ns: i * 100_000_000,
+                cpu: 0,
+                ns_per_hash: 1000.0 + (i % 5) as f64,
+            })
+            .collect();
+        let p = analyze_cpu(0, &w, Duration::from_millis(100)).unwrap();
+        assert!(p.verdict.starts_with("no slow phase"), "{}", p.verdict);
+        assert!(analyze_cpu(3, &w, Duration::from_millis(100)).is_none());
+    }
+}

@@ -1,0 +1,119 @@
+//! The calibrated probe: short sha256 bursts, pinned, at a fixed interval.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+
+use crate::slots::monotonic_ns;
+
+/// One burst: when, where, and how fast.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub ts_ns: u64,
+    pub cpu: u32,
+    pub ns_per_hash: f64,
+}
+
+/// Probe settings.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    pub cpus: Vec<u32>,
+    pub every: Duration,
+    pub burst: Duration,
+}
+
+/// The running probe; [`RunningProbe::stop`] joins its threads.
+pub struct RunningProbe {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    windows: Arc<Mutex<Vec<Window>>>,
+}
+
+/// A PoH-like chain: each hash is the sha256 of the previous one.
+#[inline(never)]
+fn hash_chain(state: &mut [u8; 32], until_ns: u64) -> u64 {
+    let mut n = 0u64;
+    while monotonic_ns() < until_ns {
+        for _ in 0..64 {
+            let out = Sha256::digest(*state);
+            state.copy_from_slice(&out);
+        }
+        n += 64;
+    }
+    n
+}
+
+fn pin(cpu: u32) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// Starts one probe thread per CPU.
+pub fn start(config: &ProbeConfig) -> RunningProbe {
+    let stop = Arc::new(AtomicBool::new(false));
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let threads = config
+        .cpus
+        .iter()
+        .map(|&cpu| {
+            let (stop, windows) = (stop.clone(), windows.clone());
+            let (every, burst) = (config.every.as_nanos() as u64, config.burst.as_nanos() as u64);
+            std::thread::Builder::new()
+                .name(format!("slotprof-phase{cpu}"))
+                .spawn(move || {
+                    if !pin(cpu) {
+                        return;
+                    }
+                    let mut state = [cpu as u8; 32];
+                    let mut next = monotonic_ns();
+                    while !stop.load(Ordering::Relaxed) {
+                        let start = monotonic_ns();
+                        let n = hash_chain(&mut state, start + burst);
+                        let took = monotonic_ns() - start;
+                        windows.lock().unwrap().push(Window {
+                            ts_ns: start,
+                            cpu,
+                            ns_per_hash: took as f64 / n.max(1) as f64,
+                        });
+                        next += every;
+                        let now = monotonic_ns();
+                        if next > now {
+                            std::thread::sleep(Duration::from_nanos(next - now));
+                        } else {
+                            next = now;
+                        }
+                    }
+                })
+                .expect("spawn the phase probe")
+        })
+        .collect();
+    RunningProbe {
+        stop,
+        threads,
+        windows,
+    }
+}
+
+impl RunningProbe {
+    /// Stops the threads and returns every window, by time.
+    pub fn stop(self) -> Vec<Window> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let mut w = std::mem::take(&mut *self.windows.lock().unwrap());
+        w.sort_by_key(|w| w.ts_ns);
+        w
+    }
+}
