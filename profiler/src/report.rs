@@ -116,7 +116,7 @@ pub fn madvise_by_thread(
         t.calls += 1;
         t.bytes += c.len;
         t.ms += ms;
-        if c.behavior == 4 || c.behavior == 8 {
+        if crate::detectors::sync_allocator_purge::is_purge(c.behavior) {
             t.purge_calls += 1;
             t.purge_ms += ms;
         }

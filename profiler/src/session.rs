@@ -108,13 +108,22 @@ pub async fn run(
         loop_uprobe,
         detector_probes: opts.detector_probes,
     })?;
-    for p in probes.status.iter().filter(|p| !p.attached) {
-        eprintln!(
-            "slotprof: warning: {} on {} did not attach ({}); profiling without it",
-            p.program,
-            p.event,
-            p.error.as_deref().unwrap_or("unknown error")
-        );
+    // Said now, when it matters, and kept for the summary (not said twice).
+    let attach_warnings: Vec<String> = probes
+        .status
+        .iter()
+        .filter(|p| !p.attached)
+        .map(|p| {
+            format!(
+                "{} on {} did not attach ({}); profiling without it",
+                p.program,
+                p.event,
+                p.error.as_deref().unwrap_or("unknown error")
+            )
+        })
+        .collect();
+    for w in &attach_warnings {
+        eprintln!("slotprof: warning: {w}");
     }
     let ring = probes.take_events()?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
@@ -387,20 +396,18 @@ pub async fn run(
     let lost = Lost::new(&counters, agg.malformed);
     if lost.total > 0 {
         warnings.push(format!(
-            "{} events were lost (ring buffer full: {}, stacks: {}, off-CPU map full: {}): \
-             lower --freq or raise --min-offcpu",
-            lost.total, lost.ring_buffer_full, lost.stacks, lost.offcpu_map_full
+            "{} events were lost (ring buffer full: {}, stacks: {}, off-CPU map full: {}, syscall map full: {}, \
+             malformed: {}): lower --freq or raise --min-offcpu",
+            lost.total,
+            lost.ring_buffer_full,
+            lost.stacks,
+            lost.offcpu_map_full,
+            lost.syscall_map_full,
+            lost.malformed_records
         ));
     }
-    for p in probe_status.iter().filter(|p| !p.attached) {
-        warnings.push(format!(
-            "probe {} on {} did not attach: {}",
-            p.program,
-            p.event,
-            p.error.as_deref().unwrap_or("unknown error")
-        ));
-    }
-    let printed = slot_log.lock().unwrap().warnings.clone();
+    let mut printed = attach_warnings;
+    printed.extend(slot_log.lock().unwrap().warnings.iter().cloned());
     warnings.extend(printed.iter().cloned());
     if opts.slot_source.is_some() && timeline.slots().is_empty() {
         warnings.push("the slot source gave no slot during the session: no per-slot output".to_string());

@@ -68,12 +68,12 @@ pub fn detect(
         };
         let a = acc.entry((bucket, f.uaddr)).or_default();
         let dur = f.end_ns.saturating_sub(f.start_ns);
-        if a.waits == 0 {
+        // Waits arrive in end order; the finding starts at the earliest.
+        if a.waits == 0 || f.start_ns < a.first_ns {
             a.first_ns = f.start_ns;
         }
         a.waits += 1;
         a.ns += dur;
-        a.first_ns = a.first_ns.min(f.start_ns);
         a.waiters.insert(f.tid);
         *a.waiter_stacks.entry((f.tid, f.user_stack_id)).or_default() += dur;
         if f.waker_tid != 0 {

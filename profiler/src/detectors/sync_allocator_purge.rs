@@ -11,8 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{ms, Buckets, DetectorConfig, Finding, Inputs, NameStack};
 
-const MADV_FREE: u32 = 8;
-const MADV_DONTNEED: u32 = 4;
+/// Whether an madvise `behavior` returns memory: MADV_DONTNEED (4) or
+/// MADV_FREE (8), the calls an allocator purges with.
+pub fn is_purge(behavior: u32) -> bool {
+    behavior == 4 || behavior == 8
+}
 
 /// Frames that say an allocator is purging.
 pub fn allocator_frame(frame: &str) -> bool {
@@ -58,7 +61,7 @@ pub fn detect(
     }
     let mut acc: BTreeMap<(u64, u32), Acc> = BTreeMap::new();
     for m in inputs.madvise {
-        if !(m.behavior == MADV_DONTNEED || m.behavior == MADV_FREE) || !hot.contains(&m.tid) {
+        if !is_purge(m.behavior) || !hot.contains(&m.tid) {
             continue;
         }
         let Some((slot, bucket)) = buckets.of(m.start_ns) else {
