@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use flamegraphs::Folded;
 use profiler_ebpf::{
-    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, UserRegs, COMM_LEN,
+    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;
@@ -201,6 +201,32 @@ impl Aggregator {
         t.offcpu_ns += ns;
         t.offcpu_intervals += 1;
         self.keep_if_long(o, ns, preempted, cut_at_end);
+    }
+
+    /// Counts a thread that is still off-CPU when the session ends, from
+    /// its kernel-side start record, up to `end_ns`.
+    pub fn still_off_cpu(&mut self, tid: u32, start: &OffCpuStart, end_ns: u64, comm: &str) {
+        let mut c = [0u8; COMM_LEN];
+        let n = comm.len().min(COMM_LEN - 1);
+        c[..n].copy_from_slice(&comm.as_bytes()[..n]);
+        let interval = OffCpuInterval {
+            kind: profiler_ebpf::EventKind::OffCpu as u32,
+            cpu: 0,
+            start_ns: start.start_ns,
+            end_ns,
+            tgid: start.tgid,
+            tid,
+            user_stack_id: start.user_stack_id,
+            kernel_stack_id: start.kernel_stack_id,
+            state: start.state,
+            waker_tid: 0,
+            waker_tgid: 0,
+            waker_kernel_stack_id: -1,
+            comm: c,
+            waker_comm: [0; COMM_LEN],
+            woken_ns: 0,
+        };
+        self.interval(&interval, true);
     }
 
     fn keep_if_long(&mut self, o: &OffCpuInterval, ns: u64, preempted: bool, cut_at_end: bool) {

@@ -9,7 +9,6 @@ use std::{
 
 use anyhow::Context;
 use flamegraphs::pprof::{ProfileMeta, SampleType};
-use profiler_ebpf::{EventKind, OffCpuInterval};
 use symbolizer::Symbolizer;
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
@@ -239,29 +238,7 @@ pub async fn run(
             }
             let comm =
                 std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
-            let mut c = [0u8; 16];
-            let b = comm.trim_end().as_bytes();
-            c[..b.len().min(15)].copy_from_slice(&b[..b.len().min(15)]);
-            agg.interval(
-                &OffCpuInterval {
-                    kind: EventKind::OffCpu as u32,
-                    cpu: 0,
-                    start_ns: start.start_ns,
-                    end_ns: now,
-                    tgid: start.tgid,
-                    tid,
-                    user_stack_id: start.user_stack_id,
-                    kernel_stack_id: start.kernel_stack_id,
-                    state: start.state,
-                    waker_tid: 0,
-                    waker_tgid: 0,
-                    waker_kernel_stack_id: -1,
-                    comm: c,
-                    waker_comm: [0; 16],
-                    woken_ns: 0,
-                },
-                true,
-            );
+            agg.still_off_cpu(tid, &start, now, comm.trim_end());
         }
     }
 

@@ -13,41 +13,22 @@ fn run(
     padded: bool,
     topology: Option<&str>,
 ) -> (Vec<serde_json::Value>, serde_json::Value) {
-    let dir = scratch(test);
-    let report = dir.join("report.json");
-    let out = dir.join("out");
-    let topo_file = dir.join("topology");
-    let bin = stall_program("stall-false-sharing");
-    let mut argv = vec!["record", "-F", "499", "--out", out.to_str().unwrap()];
+    let topo_dir = scratch(&format!("{test}-topology"));
+    let topo_file = topo_dir.join("topology");
+    let mut opts = vec!["-F", "499"];
     if let Some(t) = topology {
         std::fs::write(&topo_file, t).unwrap();
-        argv.extend(["--topology", topo_file.to_str().unwrap()]);
+        opts.extend(["--topology", topo_file.to_str().unwrap()]);
     }
-    argv.extend([
-        "--",
-        bin.to_str().unwrap(),
-        "--mode",
-        mode,
-        "--seconds",
-        "3",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+    let mut args = vec!["--mode", mode, "--seconds", "3"];
     if padded {
-        argv.push("--padded");
+        args.push("--padded");
     }
-    let o = run_slotprof(&argv);
-    assert!(o.status.success());
-    let findings = read_json(&out.join("findings.json"))
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == "CacheLinePingPong")
-        .cloned()
-        .collect();
-    let truth = read_json(&report);
-    let _ = std::fs::remove_dir_all(&dir);
-    (findings, truth)
+    let (out, truth) = record(test, &opts, "stall-false-sharing", &args);
+    let found = findings(&out, "CacheLinePingPong");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    let _ = std::fs::remove_dir_all(&topo_dir);
+    (found, truth)
 }
 
 fn names(f: &serde_json::Value) -> Vec<String> {

@@ -3,42 +3,9 @@
 
 mod common;
 
-use std::{collections::HashMap, path::Path};
+use std::collections::HashMap;
 
 use common::*;
-
-/// Runs `program args` under `slotprof record` with extra slotprof
-/// options; returns (output dir, program report).
-fn record(
-    test: &str,
-    slotprof_args: &[&str],
-    program: &str,
-    args: &[&str],
-) -> (std::path::PathBuf, serde_json::Value) {
-    let dir = scratch(test);
-    let report = dir.join("report.json");
-    let out = dir.join("out");
-    let bin = stall_program(program);
-    let mut argv: Vec<&str> = vec!["record", "--out", out.to_str().unwrap()];
-    argv.extend(slotprof_args);
-    argv.push("--");
-    argv.push(bin.to_str().unwrap());
-    argv.extend(args);
-    argv.extend(["--report", report.to_str().unwrap()]);
-    let o = run_slotprof(&argv);
-    assert!(o.status.success());
-    (out, read_json(&report))
-}
-
-fn findings(out: &Path, kind: &str) -> Vec<serde_json::Value> {
-    read_json(&out.join("findings.json"))
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == kind)
-        .cloned()
-        .collect()
-}
 
 /// Enables the madvise syscall tracepoints in tracefs for the life of the
 /// guard and puts every setting back on drop (panics included).

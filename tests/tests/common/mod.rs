@@ -130,3 +130,37 @@ pub fn render_in_chromium(chromium: &Path, page: &Path) -> (String, Vec<String>)
         .collect();
     (String::from_utf8_lossy(&out.stdout).into_owned(), console)
 }
+
+/// Runs stall program `program args` under `slotprof record [slotprof_args]`
+/// with `--report`; returns (output dir, the program's report).
+pub fn record(
+    test: &str,
+    slotprof_args: &[&str],
+    program: &str,
+    args: &[&str],
+) -> (PathBuf, serde_json::Value) {
+    let dir = scratch(test);
+    let report = dir.join("report.json");
+    let out = dir.join("out");
+    let bin = stall_program(program);
+    let mut argv: Vec<&str> = vec!["record", "--out", out.to_str().unwrap()];
+    argv.extend(slotprof_args);
+    argv.push("--");
+    argv.push(bin.to_str().unwrap());
+    argv.extend(args);
+    argv.extend(["--report", report.to_str().unwrap()]);
+    let o = run_slotprof(&argv);
+    assert!(o.status.success());
+    (out, read_json(&report))
+}
+
+/// The findings of one kind in an output directory.
+pub fn findings(out: &Path, kind: &str) -> Vec<serde_json::Value> {
+    read_json(&out.join("findings.json"))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .cloned()
+        .collect()
+}
