@@ -50,6 +50,63 @@ pub enum EventKind {
     LoopMark = 6,
     /// [`UserRegs`].
     UserRegs = 7,
+    /// [`HostEvent`].
+    Host = 8,
+}
+
+/// Words of a tracepoint record a [`HostEvent`] carries (after the 8-byte
+/// common header): enough for every field `slotprof host` reads.
+pub const HOST_RAW_WORDS: usize = 8;
+
+/// Which tracepoint a [`HostEvent`] came from.
+pub mod host_tp {
+    /// kvm:kvm_unmap_hva_range (an MMU-notifier invalidation of a VM's memory).
+    pub const KVM_UNMAP: u32 = 1;
+    /// compaction:mm_compaction_isolate_migratepages.
+    pub const COMPACT_ISOLATE: u32 = 2;
+    /// compaction:mm_compaction_begin.
+    pub const COMPACT_BEGIN: u32 = 3;
+    /// compaction:mm_compaction_end.
+    pub const COMPACT_END: u32 = 4;
+    /// migrate:mm_migrate_pages.
+    pub const MIGRATE: u32 = 5;
+}
+
+/// A stack walked for one thread and tracepoint is reused for this long
+/// (a thread compacting or migrating does so for milliseconds at a time;
+/// walking the stack at each of 100k invalidations a second would cost
+/// more than everything else together).
+pub const HOST_STACK_REUSE_NS: u64 = 10_000_000;
+
+/// A host-side memory event (`slotprof host`, system-wide): which
+/// tracepoint, which task was running (kcompactd, a process in direct
+/// compaction, a writer of /proc/sys/vm/compact_memory), its kernel stack,
+/// and the record's own words, decoded in userspace with this kernel's
+/// layout from tracefs (the fields moved between kernel versions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HostEvent {
+    /// [`EventKind::Host`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// [`host_tp`].
+    pub tracepoint: u32,
+    pub kernel_stack_id: i32,
+    pub comm: [u8; COMM_LEN],
+    /// Bytes 8.. of the tracepoint record.
+    pub raw: [u64; HOST_RAW_WORDS],
+}
+
+/// When a thread's stack was last walked for one tracepoint, and its id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostStackCache {
+    pub ts_ns: u64,
+    pub stack_id: i32,
+    pub _pad: u32,
 }
 
 /// Registers of a target thread interrupted in user mode by the cpu-clock
@@ -322,8 +379,10 @@ pub mod counter {
     pub const TLB_IPIS: u32 = 6;
     /// Syscall starts (madvise, futex) not recorded: per-thread map full.
     pub const SYSCALL_START_LOST: u32 = 7;
+    /// Host-side memory events sent (`slotprof host`).
+    pub const HOST_EVENTS: u32 = 8;
     /// Number of counters.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 /// Whether a stack id is an error that means a lost stack (map full or hash

@@ -147,6 +147,7 @@ impl Aggregator {
             Event::FutexWait(f) => self.futex_log.push(*f),
             Event::LoopMark(l) => self.loop_marks.push(*l),
             Event::UserRegs(r) => self.user_regs.push(*r),
+            Event::Host(_) => {}
         }
     }
 

@@ -20,6 +20,27 @@ pub enum Command {
     Record(RecordArgs),
     /// Differential flamegraph of two slots, leader windows or sessions.
     Diff(DiffArgs),
+    /// On a hypervisor host: what the host's memory management (compaction,
+    /// migration) does to its VMs' memory, per second, with the fix.
+    Host(HostArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HostArgs {
+    /// How long to watch (e.g. 90s, 10m; bursts repeat every ~80 s in the
+    /// reference incident, so watch a few minutes). Default: until Ctrl-C.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Directory for the outputs (created if missing).
+    #[arg(short, long, default_value = "slotprof-host")]
+    pub out: PathBuf,
+    /// Watch only this VM process (repeatable). Default: every process
+    /// holding a KVM VM, found again every 5 s.
+    #[arg(long = "vm-pid", value_name = "PID")]
+    pub vm_pids: Vec<u32>,
+    /// Have the kernel time slotprof's own probes (summary.json).
+    #[arg(long)]
+    pub probe_stats: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,7 @@
 //! Decoding ring-buffer records.
 
 use profiler_ebpf::{
-    CpuSample, EventKind, FutexWait, LoopMark, MadviseCall, OffCpuInterval, SlotMark, UserRegs,
+    CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, OffCpuInterval, SlotMark, UserRegs,
 };
 
 /// One record from the kernel.
@@ -14,6 +14,7 @@ pub enum Event {
     FutexWait(FutexWait),
     LoopMark(LoopMark),
     UserRegs(UserRegs),
+    Host(HostEvent),
 }
 
 /// Decodes one record; `None` for a record of unknown kind or short length
@@ -34,6 +35,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<LoopMark>(bytes).map(Event::LoopMark)
     } else if kind == EventKind::UserRegs as u32 {
         read::<UserRegs>(bytes).map(Event::UserRegs)
+    } else if kind == EventKind::Host as u32 {
+        read::<HostEvent>(bytes).map(Event::Host)
     } else {
         None
     }

@@ -13,6 +13,7 @@ pub mod detectors;
 pub mod diff;
 pub mod duration;
 pub mod events;
+pub mod host;
 pub mod memory_access;
 pub mod output;
 pub mod phase;

@@ -67,6 +67,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             finish(session::run(&opts, target, None).await?)
         }
+        Command::Host(h) => {
+            privileges::require_bpf()?;
+            privileges::raise_memlock_limit();
+            let outcome = profiler::host::run(&profiler::host::HostOptions {
+                duration: h.duration,
+                out: h.out,
+                vm_pids: h.vm_pids,
+                probe_stats: h.probe_stats,
+            })
+            .await?;
+            let s = &outcome.summary;
+            println!(
+                "slotprof host: {:.1} s, {} KVM invalidations ({} pages) in {} VM process(es), \
+                 {} compaction runs, {} pages migrated, {} lost; ended by {}",
+                s.duration_s,
+                s.totals.invalidations,
+                s.totals.invalidated_pages,
+                s.vms.len(),
+                s.totals.compaction_runs,
+                s.totals.migrated,
+                s.lost.total,
+                s.ended_by
+            );
+            for path in &s.outputs {
+                println!("  {path}");
+            }
+            for f in &outcome.findings {
+                println!("slotprof: KvmMmuInvalidation: {}", f.finding.explanation);
+                println!("  what to do: {}", f.finding.advice);
+            }
+            for w in &s.warnings {
+                eprintln!("slotprof: warning: {w}");
+            }
+            Ok(())
+        }
         Command::Diff(d) => {
             println!(
                 "{}",

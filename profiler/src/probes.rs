@@ -82,6 +82,8 @@ pub struct Counters {
     pub tlb_local: u64,
     /// Shootdown IPIs the target's threads sent to other CPUs.
     pub tlb_ipis: u64,
+    /// Host-side memory events sent (`slotprof host`).
+    pub host_events: u64,
 }
 
 impl Counters {
@@ -122,16 +124,7 @@ impl Probes {
     /// probe that fails to attach is recorded in `status`; failing to attach
     /// any probe at all is an error.
     pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
-        let tracefs = tracefs::ensure_mounted()?;
-        let offsets = Offsets(tracepoint_offsets(&tracefs)?);
-        let min_ns = config.min_offcpu.as_nanos() as u64;
-        let mut ebpf = EbpfLoader::new()
-            .override_global("TARGET_TGID", &config.tgid, true)
-            .override_global("MIN_OFFCPU_NS", &min_ns, true)
-            .override_global("MIN_FUTEX_NS", &min_ns, true)
-            .override_global("TP_OFFSETS", &offsets, true)
-            .load(OBJECT)
-            .context("loading slotprof's eBPF object failed (is this kernel built with CONFIG_BPF_SYSCALL and BTF?)")?;
+        let mut ebpf = open(config.tgid, config.min_offcpu)?;
 
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
@@ -177,6 +170,22 @@ impl Probes {
                 status.push(st);
             }
         }
+        Self::attached(ebpf, status, config.probe_stats)
+    }
+
+    /// Loads the object and attaches the host-side memory probes
+    /// (`slotprof host`, system-wide): KVM invalidations, compaction and
+    /// page migration.
+    pub fn load_host(probe_stats: bool) -> anyhow::Result<Self> {
+        let mut ebpf = open(0, Duration::ZERO)?;
+        let status = HOST_PROBES
+            .iter()
+            .map(|(program, category, name)| attach_tracepoint(&mut ebpf, program, &[(category, name)]))
+            .collect();
+        Self::attached(ebpf, status, probe_stats)
+    }
+
+    fn attached(ebpf: Ebpf, mut status: Vec<ProbeStatus>, probe_stats: bool) -> anyhow::Result<Self> {
         if status.iter().all(|s| !s.attached) {
             let why: Vec<String> = status
                 .drain(..)
@@ -184,7 +193,7 @@ impl Probes {
                 .collect();
             bail!("no probe could be attached ({})", why.join("; "));
         }
-        let stats = if config.probe_stats {
+        let stats = if probe_stats {
             Some(
                 aya::sys::enable_stats(aya::sys::Stats::RunTime)
                     .context("cannot enable BPF run-time stats")?,
@@ -241,6 +250,7 @@ impl Probes {
             syscall_start_lost: read(counter::SYSCALL_START_LOST)?,
             tlb_local: read(counter::TLB_LOCAL)?,
             tlb_ipis: read(counter::TLB_IPIS)?,
+            host_events: read(counter::HOST_EVENTS)?,
         })
     }
 
@@ -285,6 +295,35 @@ impl Probes {
             .map(|(tid, s)| (tid, s.0))
             .collect()
     }
+}
+
+/// `slotprof host`'s programs and their tracepoints.
+pub const HOST_PROBES: &[(&str, &str, &str)] = &[
+    ("slotprof_kvm_unmap", "kvm", "kvm_unmap_hva_range"),
+    (
+        "slotprof_compact_isolate",
+        "compaction",
+        "mm_compaction_isolate_migratepages",
+    ),
+    ("slotprof_compact_begin", "compaction", "mm_compaction_begin"),
+    ("slotprof_compact_end", "compaction", "mm_compaction_end"),
+    ("slotprof_migrate", "migrate", "mm_migrate_pages"),
+];
+
+/// Mounts tracefs if needed and loads the object with its settings.
+fn open(tgid: u32, min_offcpu: Duration) -> anyhow::Result<Ebpf> {
+    let tracefs = tracefs::ensure_mounted()?;
+    let offsets = Offsets(tracepoint_offsets(&tracefs)?);
+    let min_ns = min_offcpu.as_nanos() as u64;
+    EbpfLoader::new()
+        .override_global("TARGET_TGID", &tgid, true)
+        .override_global("MIN_OFFCPU_NS", &min_ns, true)
+        .override_global("MIN_FUTEX_NS", &min_ns, true)
+        .override_global("TP_OFFSETS", &offsets, true)
+        .load(OBJECT)
+        .context(
+            "loading slotprof's eBPF object failed (is this kernel built with CONFIG_BPF_SYSCALL and BTF?)",
+        )
 }
 
 fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {

@@ -1,6 +1,7 @@
 //! Maps and settings shared by the probes; one file per event source.
 
 mod cpu_sampling;
+mod host;
 mod page_faults;
 mod sched;
 mod slot_mark;

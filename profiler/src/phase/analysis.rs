@@ -44,7 +44,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Lag (in samples) of the strongest repeat in `x`, looking past the first
 /// dip of its autocorrelation; with its correlation.
-fn period_by_autocorrelation(x: &[f64]) -> Option<(usize, f64)> {
+pub(crate) fn period_by_autocorrelation(x: &[f64]) -> Option<(usize, f64)> {
     let n = x.len();
     if n < 8 {
         return None;

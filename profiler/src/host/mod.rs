@@ -1,0 +1,753 @@
+//! `slotprof host`: run on the hypervisor host, find what the host's memory
+//! management does to its VMs — the reference incident's biggest loss
+//! (kcompactd migrating a validator VM's locked memory, each migration
+//! invalidating the VM's KVM mappings).
+//!
+//! System-wide probes on kvm:kvm_unmap_hva_range, compaction and page
+//! migration; each event is classified by the kernel stack of the task that
+//! caused it ([`source`]), attributed to the VM process whose memory it hit
+//! ([`vms`]) and counted per second ([`analysis`]). At the end: the duty
+//! cycle of the bursts, a `KvmMmuInvalidation` finding per affected VM with
+//! the two sysctls that govern it, a per-second CSV/JSON series and a plot.
+
+pub mod analysis;
+pub mod plot;
+pub mod source;
+pub mod vms;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use profiler_ebpf::{host_tp, HostEvent, HOST_RAW_WORDS};
+use serde::Serialize;
+use symbolizer::Symbolizer;
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+
+use self::{
+    analysis::{duty_cycle, DutyCycle, Series, SourceShare, Sysctls, VmInfo},
+    source::Source,
+    vms::{Attribution, Vmms},
+};
+use crate::{
+    detectors::Finding,
+    events::{self, comm_str},
+    output::write_atomic,
+    probes::{ProbeStatus, Probes},
+    report::ProbeCost,
+    slots::monotonic_ns,
+    tracefs,
+};
+
+/// How a host session runs.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// Stop after this long; `None` runs until Ctrl-C or SIGTERM.
+    pub duration: Option<Duration>,
+    pub out: PathBuf,
+    /// Watch only these VM processes (default: every process holding a
+    /// KVM VM).
+    pub vm_pids: Vec<u32>,
+    pub probe_stats: bool,
+}
+
+/// A VM with fewer invalidated pages than this over the session gets no
+/// finding (a VMM remapping a buffer now and then is not a problem).
+pub const MIN_FINDING_PAGES: u64 = 1024;
+
+/// Where the fields this mode reads sit in each tracepoint's record on this
+/// kernel (offsets into the record; the raw words start at offset 8).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Layouts {
+    unmap_start: Option<tracefs::Field>,
+    unmap_end: Option<tracefs::Field>,
+    isolate_scanned: Option<tracefs::Field>,
+    isolate_taken: Option<tracefs::Field>,
+    migrate_succeeded: Option<tracefs::Field>,
+    migrate_failed: Option<tracefs::Field>,
+    migrate_reason: Option<tracefs::Field>,
+}
+
+impl Layouts {
+    pub fn read(tracefs: &Path) -> Self {
+        let field = |cat: &str, name: &str, f: &str, size: u32| {
+            tracefs::Format::read(tracefs, cat, name)
+                .and_then(|fmt| fmt.field(f, size))
+                .ok()
+        };
+        Self {
+            unmap_start: field("kvm", "kvm_unmap_hva_range", "start", 8),
+            unmap_end: field("kvm", "kvm_unmap_hva_range", "end", 8),
+            isolate_scanned: field(
+                "compaction",
+                "mm_compaction_isolate_migratepages",
+                "nr_scanned",
+                8,
+            ),
+            isolate_taken: field("compaction", "mm_compaction_isolate_migratepages", "nr_taken", 8),
+            migrate_succeeded: field("migrate", "mm_migrate_pages", "succeeded", 8),
+            migrate_failed: field("migrate", "mm_migrate_pages", "failed", 8),
+            migrate_reason: field("migrate", "mm_migrate_pages", "reason", 4),
+        }
+    }
+}
+
+/// Reads a field out of an event's raw record words (little-endian bytes
+/// from record offset 8); `None` when the field lies past what was copied.
+fn field(raw: &[u64; HOST_RAW_WORDS], f: Option<tracefs::Field>) -> Option<u64> {
+    let f = f?;
+    let start = (f.offset as usize).checked_sub(8)?;
+    let end = start + f.size as usize;
+    if end > HOST_RAW_WORDS * 8 || f.size > 8 {
+        return None;
+    }
+    let bytes: Vec<u8> = raw.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut v = [0u8; 8];
+    v[..f.size as usize].copy_from_slice(&bytes[start..end]);
+    Some(u64::from_le_bytes(v))
+}
+
+/// `enum migrate_reason`: MR_COMPACTION.
+const MR_COMPACTION: u64 = 0;
+
+/// Per VM and source: pages and who did it.
+#[derive(Default)]
+struct Part {
+    pages: u64,
+    tasks: BTreeSet<String>,
+    stack: Vec<String>,
+}
+
+/// Everything counted so far.
+struct State {
+    start_ns: u64,
+    layouts: Layouts,
+    series: Series,
+    /// Per-VM per-second invalidated pages come from the series; these are
+    /// the totals by (vm pid, source).
+    parts: BTreeMap<(u32, Source), Part>,
+    /// Ranges more than one VM process maps: pages, by the set of pids.
+    ambiguous: BTreeMap<Vec<u32>, u64>,
+    sources: HashMap<(i32, [u8; 16]), (Source, Vec<String>)>,
+    totals: Totals,
+    malformed: u64,
+}
+
+/// Session totals, for the summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Totals {
+    pub events: u64,
+    pub invalidations: u64,
+    pub invalidated_pages: u64,
+    pub invalidated_pages_by_source: BTreeMap<String, u64>,
+    /// Invalidated pages in a known VM, in several, in none.
+    pub attributed_pages: u64,
+    pub ambiguous_pages: u64,
+    pub unattributed_pages: u64,
+    pub compaction_runs: u64,
+    pub compaction_runs_by_source: BTreeMap<String, u64>,
+    pub compaction_scanned: u64,
+    pub compaction_isolated: u64,
+    pub migrated: u64,
+    pub migrated_for_compaction: u64,
+    pub migrate_failed: u64,
+    /// One kernel stack per source (root first): what each label stands for.
+    pub stacks_by_source: BTreeMap<String, Vec<String>>,
+}
+
+impl State {
+    fn source(&mut self, e: &HostEvent, probes: &Probes, sym: &mut Symbolizer) -> (Source, Vec<String>) {
+        self.sources
+            .entry((e.kernel_stack_id, e.comm))
+            .or_insert_with(|| {
+                let frames: Vec<String> = probes
+                    .stack(e.kernel_stack_id)
+                    .unwrap_or_default()
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, &addr)| sym.kernel_frame(addr, i > 0))
+                    .collect();
+                let source = source::classify(&frames, &comm_str(&e.comm));
+                // Root first, as in every other stack slotprof writes.
+                (source, frames.into_iter().rev().collect())
+            })
+            .clone()
+    }
+
+    fn ingest(&mut self, e: &HostEvent, vms: &Vmms, probes: &Probes, sym: &mut Symbolizer) {
+        self.totals.events += 1;
+        let sec = (e.ts_ns.saturating_sub(self.start_ns) / 1_000_000_000) as usize;
+        let (source, stack) = self.source(e, probes, sym);
+        let label = source.label().to_string();
+        let task = match source {
+            Source::ManualCompaction | Source::DirectCompaction | Source::Other | Source::OwnUnmap => {
+                format!("{} (pid {})", comm_str(&e.comm), e.tgid)
+            }
+            _ => comm_str(&e.comm),
+        };
+        let layouts = self.layouts;
+        if !self.totals.stacks_by_source.contains_key(&label) {
+            self.totals.stacks_by_source.insert(label.clone(), stack.clone());
+        }
+        match e.tracepoint {
+            host_tp::KVM_UNMAP => {
+                let (Some(start), Some(end)) = (
+                    field(&e.raw, layouts.unmap_start),
+                    field(&e.raw, layouts.unmap_end),
+                ) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let pages = end.saturating_sub(start).div_ceil(4096).max(1);
+                let t = &mut self.totals;
+                t.invalidations += 1;
+                t.invalidated_pages += pages;
+                *t.invalidated_pages_by_source.entry(label.clone()).or_default() += pages;
+                let vm = match vms.attribute(start, end) {
+                    Attribution::Vm(pid) => {
+                        t.attributed_pages += pages;
+                        pid
+                    }
+                    Attribution::Ambiguous(pids) => {
+                        t.ambiguous_pages += pages;
+                        *self.ambiguous.entry(pids).or_default() += pages;
+                        0
+                    }
+                    Attribution::Unknown => {
+                        t.unattributed_pages += pages;
+                        0
+                    }
+                };
+                let s = self.series.at(sec);
+                s.invalidations += 1;
+                s.invalidated_pages += pages;
+                *s.invalidated_by_source.entry(label).or_default() += pages;
+                *s.invalidated_by_vm.entry(vm).or_default() += pages;
+                if source == Source::OwnUnmap {
+                    // The VM process freeing its own memory (heap, buffers,
+                    // a balloon): in the totals and the series, not in a
+                    // finding about what the host does to the VM.
+                    return;
+                }
+                let part = self.parts.entry((vm, source)).or_default();
+                part.pages += pages;
+                if part.tasks.len() < 8 {
+                    part.tasks.insert(task);
+                }
+                if part.stack.is_empty() {
+                    part.stack = stack;
+                }
+            }
+            host_tp::COMPACT_ISOLATE => {
+                let scanned = field(&e.raw, layouts.isolate_scanned).unwrap_or(0);
+                let taken = field(&e.raw, layouts.isolate_taken).unwrap_or(0);
+                self.totals.compaction_scanned += scanned;
+                self.totals.compaction_isolated += taken;
+                let s = self.series.at(sec);
+                s.compaction_scanned += scanned;
+                s.compaction_isolated += taken;
+                *s.scanned_by_source.entry(label).or_default() += scanned;
+            }
+            host_tp::COMPACT_BEGIN => {
+                self.totals.compaction_runs += 1;
+                *self.totals.compaction_runs_by_source.entry(label).or_default() += 1;
+                self.series.at(sec).compaction_runs += 1;
+            }
+            host_tp::MIGRATE => {
+                let ok = field(&e.raw, layouts.migrate_succeeded).unwrap_or(0);
+                let failed = field(&e.raw, layouts.migrate_failed).unwrap_or(0);
+                self.totals.migrated += ok;
+                self.totals.migrate_failed += failed;
+                if field(&e.raw, layouts.migrate_reason).map(|r| r as u32 as u64) == Some(MR_COMPACTION) {
+                    self.totals.migrated_for_compaction += ok;
+                }
+                let s = self.series.at(sec);
+                s.migrated += ok;
+                s.migrate_failed += failed;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A `KvmMmuInvalidation` finding: the common fields, and the host's side.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostFinding {
+    #[serde(flatten)]
+    pub finding: Finding,
+    pub vm: VmInfo,
+    pub sources: Vec<SourceShare>,
+    pub duty_cycle: DutyCycle,
+    pub sysctls: Sysctls,
+}
+
+/// Builds the findings: one per VM with at least [`MIN_FINDING_PAGES`].
+fn findings(state: &State, vms: &Vmms, sysctls: &Sysctls, seconds: f64) -> Vec<HostFinding> {
+    let mut by_vm: BTreeMap<u32, Vec<(Source, &Part)>> = BTreeMap::new();
+    for ((vm, source), part) in &state.parts {
+        by_vm.entry(*vm).or_default().push((*source, part));
+    }
+    let mut out = Vec::new();
+    for (vm, mut parts) in by_vm {
+        let pages: u64 = parts.iter().map(|(_, p)| p.pages).sum();
+        if pages < MIN_FINDING_PAGES {
+            continue;
+        }
+        parts.sort_by_key(|p| std::cmp::Reverse(p.1.pages));
+        let per_second: Vec<u64> = state
+            .series
+            .seconds
+            .iter()
+            .map(|s| *s.invalidated_by_vm.get(&vm).unwrap_or(&0))
+            .collect();
+        let duty = duty_cycle(&per_second);
+        let info = vms
+            .vmms
+            .get(&vm)
+            .map(|v| v.info.clone())
+            .unwrap_or_else(|| VmInfo {
+                pid: 0,
+                comm: if state.totals.ambiguous_pages > 0 {
+                    "a VM process slotprof cannot single out (several map these addresses)".into()
+                } else {
+                    "no VM process found that maps these addresses (use --vm-pid)".into()
+                },
+                ..Default::default()
+            });
+        let sources: Vec<SourceShare> = parts
+            .iter()
+            .map(|(s, p)| SourceShare {
+                source: s.label().to_string(),
+                tasks: p.tasks.iter().cloned().collect(),
+                pages: p.pages,
+                share: p.pages as f64 / pages as f64,
+                stack: p.stack.clone(),
+            })
+            .collect();
+        let (top, top_part) = parts[0];
+        let tasks: Vec<String> = top_part.tasks.iter().cloned().collect();
+        let peak = per_second.iter().copied().max().unwrap_or(0);
+        let first = per_second.iter().position(|&p| p > 0).unwrap_or(0);
+        let last = per_second.iter().rposition(|&p| p > 0).unwrap_or(first);
+        let in_bursts: u64 = duty.bursts.iter().map(|b| b.pages).sum();
+        let burst_secs: usize = duty.bursts.iter().map(|b| b.length_s).sum();
+        let mut m: BTreeMap<&'static str, f64> = BTreeMap::new();
+        m.insert("pages", pages as f64);
+        m.insert("mib", pages as f64 * 4096.0 / (1 << 20) as f64);
+        m.insert("peak_pages_per_s", peak as f64);
+        m.insert("mean_pages_per_s", pages as f64 / seconds.max(1.0));
+        if burst_secs > 0 {
+            m.insert("mean_pages_per_s_in_bursts", in_bursts as f64 / burst_secs as f64);
+        }
+        m.insert("bursts", duty.bursts.len() as f64);
+        m.insert("duty", duty.duty);
+        for (k, v) in [
+            ("burst_s", duty.burst_s),
+            ("idle_s", duty.idle_s),
+            ("period_s", duty.period_s),
+        ] {
+            if let Some(v) = v {
+                m.insert(k, v);
+            }
+        }
+        m.insert("top_source_share", sources[0].share);
+        let period = match (duty.period_s, duty.burst_s) {
+            (Some(p), Some(b)) => format!(", in bursts of ~{b:.0} s every ~{p:.0} s"),
+            (None, Some(b)) if duty.bursts.len() == 1 => format!(", in one burst of {b:.0} s"),
+            _ => String::new(),
+        };
+        let who = if info.pid == 0 {
+            info.comm.clone()
+        } else {
+            format!("{} (pid {})", info.comm, info.pid)
+        };
+        let locked = match info.locked_kib {
+            Some(0) => ", memory not locked".to_string(),
+            Some(k) => format!(", {:.0} MiB of it locked (VmLck)", k as f64 / 1024.0),
+            None => String::new(),
+        };
+        let explanation = format!(
+            "the host invalidated the KVM mappings of {pages} pages ({:.0} MiB) of {who}{locked}{period}, \
+             peak {peak} pages/s; {:.0}% from {}{}; every invalidated page costs the vCPUs a fault to map it again",
+            m["mib"],
+            sources[0].share * 100.0,
+            top.describe(),
+            if tasks.is_empty() { String::new() } else { format!(" ({})", tasks.join(", ")) },
+        );
+        let advice = analysis::advice(top, &tasks, &info, sysctls);
+        out.push(HostFinding {
+            finding: Finding {
+                kind: "KvmMmuInvalidation",
+                slot: None,
+                pid: info.pid,
+                tid: 0,
+                thread: info.comm.clone(),
+                start_ns: state.start_ns + first as u64 * 1_000_000_000,
+                duration_ns: (last + 1 - first) as u64 * 1_000_000_000,
+                magnitudes: m,
+                cause: Some(top.label().to_string()),
+                stack: top_part.stack.clone(),
+                waker_stack: Vec::new(),
+                explanation,
+                advice,
+            },
+            vm: info,
+            sources,
+            duty_cycle: duty,
+            sysctls: sysctls.clone(),
+        });
+    }
+    out
+}
+
+/// The two sysctls now.
+pub fn read_sysctls() -> Sysctls {
+    let read = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/vm/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    Sysctls {
+        compact_unevictable_allowed: read("compact_unevictable_allowed"),
+        compaction_proactiveness: read("compaction_proactiveness"),
+    }
+}
+
+/// summary.json of a host session.
+#[derive(Debug, Serialize)]
+pub struct HostSummary {
+    pub command: &'static str,
+    pub version: &'static str,
+    pub kernel: String,
+    pub duration_s: f64,
+    pub ended_by: &'static str,
+    /// CLOCK_MONOTONIC at second 0 of the series (to line it up with a
+    /// guest-side or slot timeline).
+    pub start_monotonic_ns: u64,
+    pub totals: Totals,
+    pub vms: Vec<VmInfo>,
+    /// Ranges several VM processes map: (pids, pages).
+    pub ambiguous: Vec<(Vec<u32>, u64)>,
+    pub duty_cycle: DutyCycle,
+    pub sysctls_at_start: Sysctls,
+    pub sysctls_at_end: Sysctls,
+    pub findings: usize,
+    pub lost: HostLost,
+    pub probes: Vec<ProbeStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<ProbeCost>,
+    pub outputs: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct HostLost {
+    pub ring_buffer_full: u64,
+    pub stacks: u64,
+    pub malformed_records: u64,
+    pub total: u64,
+}
+
+/// What a host session produced.
+pub struct HostOutcome {
+    pub summary: HostSummary,
+    pub findings: Vec<HostFinding>,
+}
+
+/// Runs a host session.
+pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
+    let tracefs = tracefs::ensure_mounted()?;
+    let layouts = Layouts::read(&tracefs);
+    let sysctls_at_start = read_sysctls();
+    let mut vms = Vmms::new(opts.vm_pids.clone());
+    vms.refresh();
+    for pid in &opts.vm_pids {
+        anyhow::ensure!(
+            vms.vmms.contains_key(pid),
+            "--vm-pid {pid}: cannot read /proc/{pid}/maps (is the process running, and is slotprof root?)"
+        );
+    }
+    let mut probes = Probes::load_host(opts.probe_stats)?;
+    let mut warnings: Vec<String> = probes
+        .status
+        .iter()
+        .filter(|p| !p.attached)
+        .map(|p| {
+            format!(
+                "{} on {} did not attach ({}); that series stays empty",
+                p.program,
+                p.event,
+                p.error.as_deref().unwrap_or("unknown error")
+            )
+        })
+        .collect();
+    for w in &warnings {
+        eprintln!("slotprof: warning: {w}");
+    }
+    if !probes.status[0].attached {
+        eprintln!(
+            "slotprof: warning: without kvm:kvm_unmap_hva_range there are no KVM invalidations to \
+             count (is the kvm module loaded? `modprobe kvm`)"
+        );
+    }
+    let ring = probes.take_events()?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
+    // owns the ring buffer.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    let started = Instant::now();
+    let mut state = State {
+        start_ns: monotonic_ns(),
+        layouts,
+        series: Series::default(),
+        parts: BTreeMap::new(),
+        ambiguous: BTreeMap::new(),
+        sources: HashMap::new(),
+        totals: Totals::default(),
+        malformed: 0,
+    };
+    let vm_list = |vms: &Vmms| -> String {
+        if vms.vmms.is_empty() {
+            "no VM processes yet (looking every 5 s)".into()
+        } else {
+            vms.vmms
+                .values()
+                .map(|v| format!("{} (pid {})", v.info.comm, v.info.pid))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    eprintln!(
+        "slotprof: watching the host's memory management for {}; VMs: {}; Ctrl-C stops",
+        opts.duration
+            .map_or("as long as it runs".to_string(), |d| format!(
+                "{:.0} s",
+                d.as_secs_f64()
+            )),
+        vm_list(&vms)
+    );
+    let mut sym = Symbolizer::new();
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let progress = std::io::stderr().is_terminal();
+    let mut ticks = 0u64;
+    let ended_by = loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                let r = guard.get_inner_mut();
+                while let Some(item) = r.next() {
+                    match events::decode(&item) {
+                        Some(events::Event::Host(e)) => state.ingest(&e, &vms, &probes, &mut sym),
+                        _ => state.malformed += 1,
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => break "duration",
+            _ = sigint.recv() => break "interrupt",
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = tick.tick() => {
+                ticks += 1;
+                if ticks.is_multiple_of(5) {
+                    for pid in vms.refresh() {
+                        eprintln!("slotprof: new VM process: {}", vm_list_one(&vms, pid));
+                    }
+                }
+                if progress {
+                    eprint!(
+                        "\rslotprof: {:.0} s, {} pages invalidated, {} compaction runs   ",
+                        started.elapsed().as_secs_f64(),
+                        state.totals.invalidated_pages,
+                        state.totals.compaction_runs
+                    );
+                }
+            }
+        }
+    };
+    if progress {
+        eprintln!();
+    }
+    // Detach first, then write: nothing of ours stays in the kernel even if
+    // writing fails.
+    let counters = probes.counters().unwrap_or_default();
+    let costs = opts.probe_stats.then(|| probes.costs());
+    let probe_status = probes.status.clone();
+    // Read the last records the ring holds.
+    {
+        let r = ring.get_mut();
+        while let Some(item) = r.next() {
+            match events::decode(&item) {
+                Some(events::Event::Host(e)) => state.ingest(&e, &vms, &probes, &mut sym),
+                _ => state.malformed += 1,
+            }
+        }
+    }
+    drop(ring);
+    drop(probes);
+    let elapsed = started.elapsed();
+    let seconds = elapsed.as_secs_f64().ceil() as usize;
+    if state.series.seconds.len() < seconds {
+        state.series.at(seconds - 1);
+    }
+    vms.refresh();
+    let sysctls_at_end = read_sysctls();
+    let findings = findings(&state, &vms, &sysctls_at_end, elapsed.as_secs_f64());
+    let all_pages: Vec<u64> = state.series.seconds.iter().map(|s| s.invalidated_pages).collect();
+    let duty = duty_cycle(&all_pages);
+
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create the output directory {}", opts.out.display()))?;
+    let mut outputs = Vec::new();
+    let mut put = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
+        let path = opts.out.join(name);
+        write_atomic(&path, bytes)?;
+        outputs.push(path.display().to_string());
+        Ok(())
+    };
+    put("findings.json", &serde_json::to_vec_pretty(&findings)?)?;
+    put("host-series.csv", series_csv(&state.series).as_bytes())?;
+    put("host-series.json", &serde_json::to_vec(&state.series.seconds)?)?;
+    let title = format!(
+        "slotprof host: {} pages invalidated in {:.0} s; {}",
+        state.totals.invalidated_pages,
+        elapsed.as_secs_f64(),
+        vm_list(&vms)
+    );
+    put("host.svg", plot::render(&state.series, &duty, &title).as_bytes())?;
+    let summary_path = opts.out.join("summary.json");
+    outputs.push(summary_path.display().to_string());
+    let lost = HostLost {
+        ring_buffer_full: counters.ring_full,
+        stacks: counters.stack_lost,
+        malformed_records: state.malformed,
+        total: counters.ring_full + counters.stack_lost + state.malformed,
+    };
+    if lost.total > 0 {
+        warnings.push(format!(
+            "{} events lost ({} ring buffer full, {} stacks, {} malformed): counts are lower bounds",
+            lost.total, lost.ring_buffer_full, lost.stacks, lost.malformed_records
+        ));
+    }
+    if state.totals.ambiguous_pages > 0 {
+        warnings.push(format!(
+            "{} invalidated pages are in ranges several VM processes map; pass --vm-pid to single one out",
+            state.totals.ambiguous_pages
+        ));
+    }
+    let summary = HostSummary {
+        command: "host",
+        version: crate::VERSION,
+        kernel: crate::report::kernel_release(),
+        duration_s: elapsed.as_secs_f64(),
+        ended_by,
+        start_monotonic_ns: state.start_ns,
+        totals: state.totals.clone(),
+        vms: vms.vmms.values().map(|v| v.info.clone()).collect(),
+        ambiguous: state.ambiguous.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        duty_cycle: duty,
+        sysctls_at_start,
+        sysctls_at_end,
+        findings: findings.len(),
+        lost,
+        probes: probe_status,
+        probe_cost: costs.map(|c| ProbeCost::new(c, elapsed)),
+        outputs,
+        warnings,
+    };
+    write_atomic(&summary_path, &serde_json::to_vec_pretty(&summary)?)?;
+    Ok(HostOutcome { summary, findings })
+}
+
+fn vm_list_one(vms: &Vmms, pid: u32) -> String {
+    vms.vmms.get(&pid).map_or(format!("pid {pid}"), |v| {
+        format!("{} (pid {})", v.info.comm, v.info.pid)
+    })
+}
+
+/// The series as CSV: one row per second, fixed columns, then invalidated
+/// pages per source and per VM (`vm0`: not attributed to one VM).
+pub fn series_csv(series: &Series) -> String {
+    let mut sources: BTreeSet<&String> = BTreeSet::new();
+    let mut vms: BTreeSet<u32> = BTreeSet::new();
+    for s in &series.seconds {
+        sources.extend(s.invalidated_by_source.keys());
+        vms.extend(s.invalidated_by_vm.keys());
+    }
+    let mut out = String::from(
+        "second,invalidated_pages,invalidations,compaction_scanned,compaction_isolated,migrated,migrate_failed,compaction_runs",
+    );
+    for s in &sources {
+        out.push_str(&format!(",invalidated_pages_{s}"));
+    }
+    for v in &vms {
+        out.push_str(&format!(",invalidated_pages_vm{v}"));
+    }
+    out.push('\n');
+    for (i, s) in series.seconds.iter().enumerate() {
+        out.push_str(&format!(
+            "{i},{},{},{},{},{},{},{}",
+            s.invalidated_pages,
+            s.invalidations,
+            s.compaction_scanned,
+            s.compaction_isolated,
+            s.migrated,
+            s.migrate_failed,
+            s.compaction_runs
+        ));
+        for src in &sources {
+            out.push_str(&format!(",{}", s.invalidated_by_source.get(*src).unwrap_or(&0)));
+        }
+        for v in &vms {
+            out.push_str(&format!(",{}", s.invalidated_by_vm.get(v).unwrap_or(&0)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fields_from_raw_words_by_layout() {
+        let mut raw = [0u64; HOST_RAW_WORDS];
+        raw[0] = 0x7f00_0000_1000; // offset 8
+        raw[1] = 0x7f00_0000_3000; // offset 16
+        raw[6] = 0x0000_0003_0000_0000; // a 4-byte field at offset 60
+        let f = |offset, size| Some(tracefs::Field { offset, size });
+        assert_eq!(field(&raw, f(8, 8)), Some(0x7f00_0000_1000));
+        assert_eq!(field(&raw, f(16, 8)), Some(0x7f00_0000_3000));
+        assert_eq!(field(&raw, f(60, 4)), Some(3));
+        assert_eq!(field(&raw, f(72, 8)), None, "past what the probe copies");
+        assert_eq!(field(&raw, f(4, 4)), None, "inside the common header");
+        assert_eq!(field(&raw, None), None);
+    }
+
+    #[test]
+    fn csv_has_a_column_per_source_and_vm() {
+        let mut series = Series::default();
+        let s = series.at(1);
+        s.invalidated_pages = 10;
+        s.invalidated_by_source.insert("manual-compaction".into(), 10);
+        s.invalidated_by_vm.insert(42, 10);
+        let csv = series_csv(&series);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].ends_with(",invalidated_pages_manual-compaction,invalidated_pages_vm42"));
+        assert_eq!(lines[1], "0,0,0,0,0,0,0,0,0,0");
+        assert_eq!(lines[2], "1,10,0,0,0,0,0,0,10,10");
+    }
+}
