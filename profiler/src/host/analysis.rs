@@ -25,8 +25,9 @@ pub struct Second {
     pub compaction_runs: u64,
     /// Invalidated pages by source label.
     pub invalidated_by_source: BTreeMap<String, u64>,
-    /// Pages compaction scanned, by source label.
+    /// Pages compaction scanned and isolated, by source label.
     pub scanned_by_source: BTreeMap<String, u64>,
+    pub isolated_by_source: BTreeMap<String, u64>,
     /// Invalidated pages by VM process (0: no VM process holds the range).
     pub invalidated_by_vm: BTreeMap<u32, u64>,
 }

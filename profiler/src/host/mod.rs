@@ -250,7 +250,8 @@ impl State {
                 let s = self.series.at(sec);
                 s.compaction_scanned += scanned;
                 s.compaction_isolated += taken;
-                *s.scanned_by_source.entry(label).or_default() += scanned;
+                *s.scanned_by_source.entry(label.clone()).or_default() += scanned;
+                *s.isolated_by_source.entry(label).or_default() += taken;
             }
             host_tp::COMPACT_BEGIN => {
                 self.totals.compaction_runs += 1;
@@ -677,13 +678,16 @@ fn vm_list_one(vms: &Vmms, pid: u32) -> String {
 }
 
 /// The series as CSV: one row per second, fixed columns, then invalidated
-/// pages per source and per VM (`vm0`: not attributed to one VM).
+/// pages per source and per VM (`vm0`: not attributed to one VM), then
+/// compaction's scanned and isolated pages per source.
 pub fn series_csv(series: &Series) -> String {
     let mut sources: BTreeSet<&String> = BTreeSet::new();
     let mut vms: BTreeSet<u32> = BTreeSet::new();
+    let mut compactors: BTreeSet<&String> = BTreeSet::new();
     for s in &series.seconds {
         sources.extend(s.invalidated_by_source.keys());
         vms.extend(s.invalidated_by_vm.keys());
+        compactors.extend(s.scanned_by_source.keys());
     }
     let mut out = String::from(
         "second,invalidated_pages,invalidations,compaction_scanned,compaction_isolated,migrated,migrate_failed,compaction_runs",
@@ -693,6 +697,9 @@ pub fn series_csv(series: &Series) -> String {
     }
     for v in &vms {
         out.push_str(&format!(",invalidated_pages_vm{v}"));
+    }
+    for c in &compactors {
+        out.push_str(&format!(",compaction_scanned_{c},compaction_isolated_{c}"));
     }
     out.push('\n');
     for (i, s) in series.seconds.iter().enumerate() {
@@ -711,6 +718,13 @@ pub fn series_csv(series: &Series) -> String {
         }
         for v in &vms {
             out.push_str(&format!(",{}", s.invalidated_by_vm.get(v).unwrap_or(&0)));
+        }
+        for c in &compactors {
+            out.push_str(&format!(
+                ",{},{}",
+                s.scanned_by_source.get(*c).unwrap_or(&0),
+                s.isolated_by_source.get(*c).unwrap_or(&0)
+            ));
         }
         out.push('\n');
     }
@@ -743,11 +757,16 @@ mod tests {
         s.invalidated_pages = 10;
         s.invalidated_by_source.insert("manual-compaction".into(), 10);
         s.invalidated_by_vm.insert(42, 10);
+        s.scanned_by_source.insert("manual-compaction".into(), 300);
+        s.isolated_by_source.insert("manual-compaction".into(), 12);
         let csv = series_csv(&series);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[0].ends_with(",invalidated_pages_manual-compaction,invalidated_pages_vm42"));
-        assert_eq!(lines[1], "0,0,0,0,0,0,0,0,0,0");
-        assert_eq!(lines[2], "1,10,0,0,0,0,0,0,10,10");
+        assert!(lines[0].ends_with(
+            ",invalidated_pages_manual-compaction,invalidated_pages_vm42,\
+             compaction_scanned_manual-compaction,compaction_isolated_manual-compaction"
+        ));
+        assert_eq!(lines[1], "0,0,0,0,0,0,0,0,0,0,0,0");
+        assert_eq!(lines[2], "1,10,0,0,0,0,0,0,10,10,300,12");
     }
 }
