@@ -3,10 +3,12 @@
 //! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
 //! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
 //! - `cargo xtask test`:  set up, build, fmt + clippy, every test (root tests when root).
+//! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 
 mod bench;
 mod setup;
+mod test_vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -22,11 +24,14 @@ fn main() -> ExitCode {
         Some("build") => setup::run(&root()).and_then(|_| build(&root())),
         Some("demo") => demo(&root()),
         Some("test") => test(&root()),
+        Some("test-vm") => setup::run(&root())
+            .and_then(|_| build(&root()))
+            .and_then(|_| test_vm::run(&root(), &args[1..])),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root())),
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|demo|test|bench>");
+            eprintln!("usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench>");
             return ExitCode::from(2);
         }
     };

@@ -105,7 +105,10 @@ fn field(raw: &[u64; HOST_RAW_WORDS], f: Option<tracefs::Field>) -> Option<u64> 
     if end > HOST_RAW_WORDS * 8 || f.size > 8 {
         return None;
     }
-    let bytes: Vec<u8> = raw.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut bytes = [0u8; HOST_RAW_WORDS * 8];
+    for (chunk, w) in bytes.chunks_exact_mut(8).zip(raw) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
     let mut v = [0u8; 8];
     v[..f.size as usize].copy_from_slice(&bytes[start..end]);
     Some(u64::from_le_bytes(v))

@@ -1,0 +1,734 @@
+//! `cargo xtask test-vm [--kernel 6.1] [--kernel 6.12] ...`: the
+//! end-to-end detector tests, inside QEMU, on Debian's own kernels.
+//!
+//! For each kernel line: the newest Debian cloud-amd64 kernel package of
+//! that line (apt), its bzImage payload decompressed to the ELF vmlinux
+//! (booted directly, PVH), an initramfs written here (cpio newc) holding
+//! busybox, slotprof, the stall programs and the e2e test executables at
+//! the same absolute paths they have on the host (the tests find their
+//! programs by those paths) with the shared libraries they load. The
+//! guest's init mounts proc, sys, devtmpfs, tracefs, bpffs and runs each
+//! test alone; the console is watched for panics, RCU stalls and soft
+//! lockups, under a time limit. Downloads live in ~/.cache/slotprof/test-vm
+//! (or $SLOTPROF_CACHE), outside git.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+
+/// Test executables (cargo test targets of slotprof-tests) run in the VMs:
+/// the detectors against their stall programs and fixed twins, and the
+/// spine they stand on. `slots` needs a browser and `host` a KVM host of
+/// its own; they stay on the development machine.
+const SCENARIOS: &[&str] = &["spine", "detectors", "cache_lines"];
+
+/// Kernel lines tested when none is given.
+pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
+
+/// How long one VM may run, boot to power-off.
+const VM_TIME_LIMIT: Duration = Duration::from_secs(900);
+
+/// Console lines that fail a VM whatever the tests say.
+const KERNEL_TROUBLE: &[&str] = &[
+    "Kernel panic",
+    "BUG: soft lockup",
+    "self-detected stall",
+    "detected stalls on CPUs",
+    "Oops:",
+    "general protection fault",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    Pass,
+    Skipped,
+    Unsupported,
+    Fail,
+}
+
+impl Outcome {
+    fn word(self) -> &'static str {
+        match self {
+            Outcome::Pass => "PASS",
+            Outcome::Skipped => "SKIPPED",
+            Outcome::Unsupported => "UNSUPPORTED",
+            Outcome::Fail => "FAIL",
+        }
+    }
+}
+
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let mut kernels: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
+            other => bail!("unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]..."),
+        }
+    }
+    if kernels.is_empty() {
+        kernels = DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect();
+    }
+    if !crate::is_root() {
+        bail!("test-vm installs QEMU and kernel packages with apt: run `sudo cargo xtask test-vm`");
+    }
+    tools(root)?;
+    let cache = cache_dir()?;
+    let tests = test_executables(root)?;
+    let busybox = busybox(&cache)?;
+    let started = Instant::now();
+    let mut table: BTreeMap<(String, String), (Outcome, String)> = BTreeMap::new();
+    let mut vm_failures = Vec::new();
+    for line in &kernels {
+        let kernel = kernel_image(root, &cache, line)?;
+        let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
+        let names = build_initramfs(root, &initramfs, &busybox, &tests)?;
+        let result = boot(&kernel, &initramfs, line, &cache);
+        let _ = std::fs::remove_file(&initramfs);
+        match result {
+            Ok(results) => {
+                for (bin, test) in &names {
+                    let key = (line.clone(), format!("{bin}::{test}"));
+                    let r = results
+                        .get(&(bin.clone(), test.clone()))
+                        .cloned()
+                        .unwrap_or((Outcome::Fail, "did not run (the VM stopped before it)".into()));
+                    table.insert(key, r);
+                }
+            }
+            Err(e) => {
+                vm_failures.push(format!("{line} ({}): {e:#}", kernel.release));
+                for (bin, test) in &names {
+                    table.insert(
+                        (line.clone(), format!("{bin}::{test}")),
+                        (Outcome::Fail, "the VM failed".into()),
+                    );
+                }
+            }
+        }
+    }
+    println!("\nslotprof test-vm: {:.0} s", started.elapsed().as_secs_f64());
+    println!("{:<8} {:<70} {:<12} note", "kernel", "scenario", "result");
+    for ((kernel, scenario), (outcome, note)) in &table {
+        println!("{kernel:<8} {scenario:<70} {:<12} {note}", outcome.word());
+    }
+    for f in &vm_failures {
+        eprintln!("xtask: VM failure: {f}");
+    }
+    let failed = table.values().filter(|(o, _)| *o == Outcome::Fail).count();
+    if failed > 0 || !vm_failures.is_empty() {
+        bail!(
+            "{failed} VM scenario(s) failed (console logs in {})",
+            cache.display()
+        );
+    }
+    Ok(())
+}
+
+/// QEMU and the decompressors, from apt when missing.
+fn tools(root: &Path) -> anyhow::Result<()> {
+    let want = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("lz4", "lz4"),
+        ("zstd", "zstd"),
+        ("xz", "xz-utils"),
+        ("dpkg-deb", "dpkg"),
+    ];
+    let missing: Vec<&str> = want
+        .iter()
+        .filter(|(bin, _)| !on_path(bin))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    crate::run_env(root, "apt-get", &["update", "-qq"], &env)?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
+    crate::run_env(root, "apt-get", &args, &env)
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("SLOTPROF_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set; set SLOTPROF_CACHE")?)
+            .join(".cache/slotprof/test-vm"),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A bootable kernel.
+struct Kernel {
+    release: String,
+    vmlinux: PathBuf,
+}
+
+/// Output of a command, or an error naming it.
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The package of the newest kernel of `line` (e.g. "6.1", "6.12").
+fn kernel_package(root: &Path, line: &str) -> anyhow::Result<String> {
+    let resolve = || -> Option<String> {
+        for meta in [
+            format!("linux-image-{line}-cloud-amd64"),
+            "linux-image-cloud-amd64".into(),
+        ] {
+            let Ok(deps) = output(Command::new("apt-cache").args(["depends", &meta])) else {
+                continue;
+            };
+            let dep = deps
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("Depends: "))
+                .find(|d| d.starts_with("linux-image-"))?
+                .to_string();
+            if dep.starts_with(&format!("linux-image-{line}.")) {
+                return Some(dep);
+            }
+        }
+        None
+    };
+    if let Some(p) = resolve() {
+        return Ok(p);
+    }
+    crate::run_env(
+        root,
+        "apt-get",
+        &["update", "-qq"],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )?;
+    resolve().with_context(|| {
+        format!("no Debian cloud-amd64 kernel package of the {line} line in apt (try 6.1 or 6.12)")
+    })
+}
+
+/// Downloads (once) the package `name` into `dir` and unpacks it there.
+fn fetch_deb(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let unpacked = dir.join(name);
+    if unpacked.join(".done").exists() {
+        return Ok(unpacked);
+    }
+    std::fs::create_dir_all(dir)?;
+    output(
+        Command::new("apt-get")
+            .args(["download", "-q", name])
+            .current_dir(dir),
+    )?;
+    let deb = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "deb")
+                && p.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
+        })
+        .with_context(|| format!("apt-get download {name} left no .deb in {}", dir.display()))?;
+    output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+    std::fs::write(unpacked.join(".done"), "")?;
+    let _ = std::fs::remove_file(deb);
+    Ok(unpacked)
+}
+
+fn kernel_image(root: &Path, cache: &Path, line: &str) -> anyhow::Result<Kernel> {
+    let package = kernel_package(root, line)?;
+    let dir = fetch_deb(cache, &package)?;
+    let vmlinuz = std::fs::read_dir(dir.join("boot"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with("vmlinuz-"))
+        })
+        .with_context(|| format!("{package} has no /boot/vmlinuz-*"))?;
+    let release = vmlinuz
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or("")
+        .trim_start_matches("vmlinuz-")
+        .to_string();
+    let vmlinux = dir.join("vmlinux");
+    if !vmlinux.exists() {
+        extract_vmlinux(&vmlinuz, &vmlinux)?;
+    }
+    eprintln!("xtask: kernel {line}: {release} ({})", vmlinux.display());
+    Ok(Kernel { release, vmlinux })
+}
+
+/// The ELF vmlinux inside a bzImage: the setup header says where the
+/// compressed payload is; its magic says how it is compressed.
+fn extract_vmlinux(bzimage: &Path, out: &Path) -> anyhow::Result<()> {
+    let image = std::fs::read(bzimage)?;
+    anyhow::ensure!(
+        image.len() > 0x250 && &image[0x202..0x206] == b"HdrS",
+        "{} is not a bzImage",
+        bzimage.display()
+    );
+    let setup_sects = match image[0x1f1] {
+        0 => 4,
+        n => n as usize,
+    };
+    let word = |at: usize| u32::from_le_bytes(image[at..at + 4].try_into().unwrap()) as usize;
+    let start = (setup_sects + 1) * 512 + word(0x248);
+    let payload = image
+        .get(start..start + word(0x24c))
+        .context("the bzImage payload lies outside the file")?;
+    let tool: &[&str] = if payload.starts_with(&[0x02, 0x21, 0x4c, 0x18]) {
+        &["lz4", "-d", "-c"]
+    } else if payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        &["zstd", "-d", "-c"]
+    } else if payload.starts_with(b"\xfd7zXZ\x00") {
+        &["xz", "-d", "-c"]
+    } else if payload.starts_with(&[0x1f, 0x8b]) {
+        &["gzip", "-d", "-c"]
+    } else {
+        bail!("unknown compression of the kernel in {}", bzimage.display());
+    };
+    let mut child = Command::new(tool[0])
+        .args(&tool[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", tool[0]))?;
+    let mut stdin = child.stdin.take().unwrap();
+    let payload = payload.to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&payload));
+    let result = child.wait_with_output()?;
+    let _ = feeder.join();
+    // Decompressors may complain about trailing bytes after the stream.
+    anyhow::ensure!(
+        result.stdout.starts_with(b"\x7fELF"),
+        "{} did not give an ELF vmlinux",
+        tool[0]
+    );
+    let tmp = out.with_extension("tmp");
+    std::fs::write(&tmp, &result.stdout)?;
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+fn busybox(cache: &Path) -> anyhow::Result<PathBuf> {
+    let dir = fetch_deb(cache, "busybox-static")?;
+    let bin = dir.join("bin/busybox");
+    anyhow::ensure!(bin.exists(), "busybox-static has no bin/busybox");
+    Ok(bin)
+}
+
+/// The e2e test executables of [`SCENARIOS`], built now: (target, path).
+fn test_executables(root: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut args = vec![
+        "test",
+        "--release",
+        "-p",
+        "slotprof-tests",
+        "--no-run",
+        "--message-format=json",
+    ];
+    for s in SCENARIOS {
+        args.extend(["--test", s]);
+    }
+    eprintln!("xtask: $ cargo {}", args.join(" "));
+    let out = output(Command::new("cargo").args(&args).current_dir(root))?;
+    let mut found = Vec::new();
+    for line in out.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str()) else {
+            continue;
+        };
+        if SCENARIOS.contains(&name) {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    anyhow::ensure!(
+        found.len() == SCENARIOS.len(),
+        "cargo built {found:?}, wanted {SCENARIOS:?}"
+    );
+    Ok(found)
+}
+
+/// The tests one executable holds (`--list`), ignored ones included.
+fn list_tests(exe: &Path) -> anyhow::Result<Vec<String>> {
+    let out = output(Command::new(exe).args(["--list", "--include-ignored"]))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Writes the initramfs; returns the (executable, test) pairs it runs.
+fn build_initramfs(
+    root: &Path,
+    out: &Path,
+    busybox: &Path,
+    tests: &[(String, PathBuf)],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let release = root.join("target/release");
+    let mut files: BTreeSet<PathBuf> = BTreeSet::new();
+    for entry in std::fs::read_dir(&release)? {
+        let p = entry?.path();
+        let is_exe = p.is_file()
+            && std::os::unix::fs::PermissionsExt::mode(&p.metadata()?.permissions()) & 0o111 != 0
+            && p.extension().is_none();
+        if is_exe && p.file_name().is_some_and(|n| n != "xtask") {
+            files.insert(p);
+        }
+    }
+    let mut runs = Vec::new();
+    let mut script = String::from(INIT_HEAD);
+    for (name, exe) in tests {
+        files.insert(exe.clone());
+        for test in list_tests(exe)? {
+            script.push_str(&format!("run_one {name} '{test}' {}\n", exe.display()));
+            runs.push((name.clone(), test));
+        }
+    }
+    script.push_str(INIT_TAIL);
+    let mut libs = BTreeSet::new();
+    for f in &files {
+        libs.extend(shared_libraries(f)?);
+    }
+    let mut cpio = Cpio::create(out)?;
+    for dir in ["bin", "dev", "proc", "sys", "tmp", "run", "root"] {
+        cpio.dir(Path::new(dir))?;
+    }
+    cpio.file(Path::new("bin/busybox"), busybox, 0o755)?;
+    cpio.bytes(Path::new("init"), script.as_bytes(), 0o755)?;
+    for f in files.iter().chain(&libs) {
+        cpio.file(f.strip_prefix("/").unwrap_or(f), f, 0o755)?;
+    }
+    cpio.finish()?;
+    Ok(runs)
+}
+
+/// The shared libraries `exe` loads (and the loader), from ldd.
+fn shared_libraries(exe: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(exe).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=>") {
+                Some((_, rhs)) => rhs.trim().split(' ').next()?,
+                None => l.split(' ').next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// A cpio "newc" archive, the format the kernel unpacks as its initramfs.
+struct Cpio {
+    w: std::io::BufWriter<std::fs::File>,
+    ino: u32,
+    dirs: BTreeSet<PathBuf>,
+}
+
+impl Cpio {
+    fn create(path: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            w: std::io::BufWriter::new(std::fs::File::create(path)?),
+            ino: 1,
+            dirs: BTreeSet::new(),
+        })
+    }
+
+    fn header(&mut self, name: &Path, mode: u32, size: usize) -> anyhow::Result<()> {
+        let name = name.to_str().context("non-UTF-8 path")?;
+        self.ino += 1;
+        let fields = [
+            self.ino,
+            mode,
+            0,
+            0,
+            1,
+            0,
+            size as u32,
+            0,
+            0,
+            0,
+            0,
+            name.len() as u32 + 1,
+            0,
+        ];
+        let mut h = String::from("070701");
+        for f in fields {
+            h.push_str(&format!("{f:08x}"));
+        }
+        self.w.write_all(h.as_bytes())?;
+        self.w.write_all(name.as_bytes())?;
+        self.w.write_all(&[0])?;
+        self.pad(110 + name.len() + 1)
+    }
+
+    fn pad(&mut self, len: usize) -> anyhow::Result<()> {
+        let n = (4 - len % 4) % 4;
+        self.w.write_all(&[0u8; 3][..n])?;
+        Ok(())
+    }
+
+    fn dir(&mut self, path: &Path) -> anyhow::Result<()> {
+        if path.as_os_str().is_empty() || self.dirs.contains(path) {
+            return Ok(());
+        }
+        if let Some(parent) = path.parent() {
+            self.dir(parent)?;
+        }
+        self.dirs.insert(path.to_path_buf());
+        self.header(path, 0o040755, 0)
+    }
+
+    fn bytes(&mut self, path: &Path, data: &[u8], perm: u32) -> anyhow::Result<()> {
+        if let Some(parent) = path.parent() {
+            self.dir(parent)?;
+        }
+        self.header(path, 0o100000 | perm, data.len())?;
+        self.w.write_all(data)?;
+        self.pad(data.len())
+    }
+
+    fn file(&mut self, path: &Path, from: &Path, perm: u32) -> anyhow::Result<()> {
+        let data = std::fs::read(from).with_context(|| format!("cannot read {}", from.display()))?;
+        self.bytes(path, &data, perm)
+    }
+
+    fn finish(mut self) -> anyhow::Result<()> {
+        self.header(Path::new("TRAILER!!!"), 0, 0)?;
+        self.w.flush()?;
+        Ok(())
+    }
+}
+
+const INIT_HEAD: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin:/sbin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tracefs nodev /sys/kernel/tracing
+mount -t debugfs nodev /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+ulimit -l unlimited
+echo "SLOTPROF-VM-BEGIN $(uname -r)"
+for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  echo "SLOTPROF-VM-L3 ${c##*/} $(cat $c/cache/index3/shared_cpu_list 2>/dev/null || echo none)"
+done
+run_one() {
+  echo "SLOTPROF-TEST-BEGIN $1 $2"
+  "$3" --exact "$2" --include-ignored --nocapture --test-threads=1 2>&1
+  echo "SLOTPROF-TEST-END $1 $2 rc=$?"
+}
+"#;
+
+const INIT_TAIL: &str = r#"echo "SLOTPROF-VM-END"
+poweroff -f
+"#;
+
+/// Boots one VM and reads the results off its console.
+fn boot(
+    kernel: &Kernel,
+    initramfs: &Path,
+    line: &str,
+    cache: &Path,
+) -> anyhow::Result<BTreeMap<(String, String), (Outcome, String)>> {
+    let log_path = cache.join(format!("console-{line}.log"));
+    let mut log = std::fs::File::create(&log_path)?;
+    eprintln!(
+        "xtask: booting {} under QEMU (TCG, 2 CPUs in two sockets); console in {}",
+        kernel.release,
+        log_path.display()
+    );
+    let accel = if cpu_has_virtualization() { "kvm" } else { "tcg" };
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            accel,
+            "-m",
+            "3G",
+            "-smp",
+            "2,sockets=2,cores=1,threads=1",
+            "-cpu",
+            "max",
+        ])
+        .arg("-kernel")
+        .arg(&kernel.vmlinux)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
+            "-nographic",
+            "-no-reboot",
+            "-nic",
+            "none",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start qemu-system-x86_64")?;
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + VM_TIME_LIMIT;
+    let mut results = BTreeMap::new();
+    let mut current: Option<(String, String, Vec<String>)> = None;
+    let mut trouble = None;
+    let mut began = false;
+    let mut ended = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            trouble.get_or_insert_with(|| format!("time limit of {} s", VM_TIME_LIMIT.as_secs()));
+            break;
+        }
+        let l = match rx.recv_timeout(left.min(Duration::from_secs(1))) {
+            Ok(l) => l,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let l = l.trim_end_matches('\r').to_string();
+        let _ = writeln!(log, "{l}");
+        if let Some(t) = KERNEL_TROUBLE.iter().find(|t| l.contains(*t)) {
+            eprintln!("xtask: [{line}] {l}");
+            trouble.get_or_insert_with(|| format!("kernel trouble on the console: {t}"));
+        }
+        if let Some(rest) = l.strip_prefix("SLOTPROF-VM-BEGIN ") {
+            began = true;
+            eprintln!("xtask: [{line}] booted {rest}");
+        } else if let Some(rest) = l.strip_prefix("SLOTPROF-VM-L3 ") {
+            eprintln!("xtask: [{line}] L3 of {rest}");
+        } else if let Some(rest) = l.strip_prefix("SLOTPROF-TEST-BEGIN ") {
+            let (bin, test) = rest.split_once(' ').unwrap_or((rest, ""));
+            current = Some((bin.to_string(), test.to_string(), Vec::new()));
+        } else if let Some(rest) = l.strip_prefix("SLOTPROF-TEST-END ") {
+            if let Some((bin, test, output)) = current.take() {
+                let ok = rest.ends_with(" rc=0");
+                let (outcome, note) = judge(ok, &output);
+                eprintln!("xtask: [{line}] {bin}::{test}: {} {note}", outcome.word());
+                results.insert((bin, test), (outcome, note));
+            }
+        } else if l == "SLOTPROF-VM-END" {
+            ended = true;
+        } else if let Some((_, _, output)) = current.as_mut() {
+            output.push(l);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Some(t) = trouble {
+        bail!("{t} (console: {})", log_path.display());
+    }
+    if !began {
+        bail!("the VM never reached its init (console: {})", log_path.display());
+    }
+    if !ended {
+        bail!(
+            "the VM stopped before its last test (console: {})",
+            log_path.display()
+        );
+    }
+    Ok(results)
+}
+
+/// A test's outcome from its exit status and what it printed.
+fn judge(ok: bool, output: &[String]) -> (Outcome, String) {
+    let said = |prefix: &str| {
+        output
+            .iter()
+            .find_map(|l| l.find(prefix).map(|i| l[i + prefix.len()..].trim().to_string()))
+    };
+    if !ok {
+        let why = output
+            .iter()
+            .find(|l| l.contains("panicked at") || l.contains("assertion"))
+            .cloned()
+            .unwrap_or_default();
+        return (Outcome::Fail, why);
+    }
+    if let Some(why) = said("UNSUPPORTED:") {
+        return (Outcome::Unsupported, format!("unsupported on this kernel: {why}"));
+    }
+    if let Some(why) = said("SKIPPED:") {
+        return (Outcome::Skipped, why);
+    }
+    (Outcome::Pass, String::new())
+}
+
+/// Whether this CPU can run KVM guests with hardware virtualization (only
+/// then is -accel kvm used; this machine's paravirtual KVM is not enough).
+fn cpu_has_virtualization() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
+        c.lines()
+            .filter(|l| l.starts_with("flags"))
+            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judges_by_status_then_by_what_the_test_said() {
+        let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(judge(true, &lines(&["running 1 test", "ok"])).0, Outcome::Pass);
+        let u = judge(
+            true,
+            &lines(&["test x ... UNSUPPORTED: ipi:ipi_send_cpu is not in this kernel"]),
+        );
+        assert_eq!(u.0, Outcome::Unsupported);
+        assert!(u.1.contains("ipi:ipi_send_cpu"));
+        assert_eq!(judge(true, &lines(&["SKIPPED: needs root"])).0, Outcome::Skipped);
+        let f = judge(false, &lines(&["thread 'x' panicked at tests/x.rs:1:1:", "boom"]));
+        assert_eq!(f.0, Outcome::Fail);
+        assert!(f.1.contains("panicked"));
+    }
+
+    #[test]
+    fn cpio_entries_are_aligned_and_end_with_the_trailer() {
+        let dir = std::env::temp_dir().join(format!("xtask-cpio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("a.cpio");
+        let mut c = Cpio::create(&p).unwrap();
+        c.bytes(Path::new("a/b/init"), b"hello", 0o755).unwrap();
+        c.finish().unwrap();
+        let data = std::fs::read(&p).unwrap();
+        assert_eq!(data.len() % 4, 0);
+        let text = String::from_utf8_lossy(&data);
+        assert_eq!(text.matches("070701").count(), 4, "a, a/b, a/b/init, trailer");
+        assert!(text.contains("a/b/init\0"));
+        assert!(text.contains("TRAILER!!!\0"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
