@@ -77,7 +77,9 @@ impl Drop for MadviseTrace {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
-    let Some(_k) = kernel() else { return };
+    let Some(_k) = kernel_with(&["syscalls:sys_enter_madvise", "syscalls:sys_exit_madvise"]) else {
+        return;
+    };
     let Some(trace) = MadviseTrace::start() else {
         eprintln!("SKIPPED: cannot enable the madvise tracepoints in tracefs for the independent count");
         return;
@@ -168,12 +170,16 @@ fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
-    let Some(_k) = kernel() else { return };
+    let Some(_k) = kernel_with(&["sched:sched_switch"]) else {
+        return;
+    };
     let opts = ["-F", "499", "--loop-symbol", "stall_loop_iteration"];
     let (out, truth) = record("gaps", &opts, "stall-gaps", &["--seconds", "5"]);
     let gaps = findings(&out, "MainLoopGap");
     let injected = truth["gaps"].as_array().unwrap();
-    assert!(injected.len() >= 20, "too few gaps injected: {}", injected.len());
+    // A sanity check of the run, not of slotprof: a slow machine (a TCG
+    // test VM) gets through fewer iterations in the same time.
+    assert!(injected.len() >= 10, "too few gaps injected: {}", injected.len());
     let want = HashMap::from([
         ("sleep", "sleep"),
         ("lock", "lock wait (futex)"),
@@ -255,7 +261,9 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn lock_contention_names_the_waiting_stack_and_the_holder() {
-    let Some(_k) = kernel() else { return };
+    let Some(_k) = kernel_with(&["syscalls:sys_enter_futex", "syscalls:sys_exit_futex"]) else {
+        return;
+    };
     let (out, _) = record(
         "lock",
         &["--loop-thread", "main-loop"],

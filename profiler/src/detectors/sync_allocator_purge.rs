@@ -29,6 +29,7 @@ pub fn allocator_frame(frame: &str) -> bool {
         "tcmalloc",
         "mimalloc",
         "malloc_trim",
+        "malloc_init",
         "arena_",
     ]
     .iter()

@@ -27,6 +27,61 @@ pub fn kernel() -> Option<MutexGuard<'static, ()>> {
     Some(KERNEL.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
+/// [`kernel`] for a test whose detector needs `tracepoints`
+/// ("category:name"): on a kernel without one of them the test prints
+/// `UNSUPPORTED: ...` (one line, which `cargo xtask test-vm` reports as
+/// "unsupported on this kernel") and does not run.
+pub fn kernel_with(tracepoints: &[&str]) -> Option<MutexGuard<'static, ()>> {
+    let guard = kernel()?;
+    let events = tracefs_root().join("events");
+    if events.is_dir() {
+        for tp in tracepoints {
+            let (category, name) = tp.split_once(':').expect("category:name");
+            if !events.join(category).join(name).is_dir() {
+                eprintln!("UNSUPPORTED: {tp} is not in this kernel ({})", kernel_release());
+                return None;
+            }
+        }
+    }
+    Some(guard)
+}
+
+fn tracefs_root() -> PathBuf {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
+        .unwrap_or_else(|| PathBuf::from("/sys/kernel/tracing"))
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Says, one line each, which of a session's probes this kernel has no
+/// tracepoint for (what depends on them went unchecked in this run).
+fn say_missing_tracepoints(out: &Path) {
+    let Ok(text) = std::fs::read_to_string(out.join("summary.json")) else {
+        return;
+    };
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let events = tracefs_root().join("events");
+    for p in summary["probes"].as_array().into_iter().flatten() {
+        let event = p["event"].as_str().unwrap_or("");
+        let Some((category, name)) = event.split_once(':') else {
+            continue;
+        };
+        if p["attached"] == false && events.is_dir() && !events.join(category).join(name).is_dir() {
+            eprintln!(
+                "NOT ON THIS KERNEL: {event} ({} not attached; what it counts is not checked here)",
+                p["program"].as_str().unwrap_or("")
+            );
+        }
+    }
+}
+
 /// A binary of this package (a stall program).
 pub fn stall_program(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_BIN_EXE_stall-spin-sleep"))
@@ -151,6 +206,7 @@ pub fn record(
     argv.extend(["--report", report.to_str().unwrap()]);
     let o = run_slotprof(&argv);
     assert!(o.status.success());
+    say_missing_tracepoints(&out);
     (out, read_json(&report))
 }
 
