@@ -159,11 +159,17 @@ fn test(root: &Path) -> anyhow::Result<()> {
             "cargo",
             &["test", "--release", "--workspace", "--", "--include-ignored"],
         )?;
+        // The detector e2e tests again, in QEMU on Debian's kernels.
+        let kernels: Vec<String> = test_vm::DEFAULT_KERNELS
+            .iter()
+            .flat_map(|k| ["--kernel".to_string(), k.to_string()])
+            .collect();
+        test_vm::run(root, &kernels)?;
     } else {
         run(root, "cargo", &["test", "--release", "--workspace"])?;
         eprintln!(
-            "xtask: SKIPPED the end-to-end tests (they load eBPF programs and need root): \
-             run `sudo cargo xtask test` to include them"
+            "xtask: SKIPPED the end-to-end tests and the QEMU test VMs (they load eBPF programs \
+             and install QEMU; they need root): run `sudo cargo xtask test` to include them"
         );
     }
     eprintln!("xtask: all tests passed");

@@ -91,11 +91,15 @@ impl Outcome {
 
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let mut kernels: Vec<String> = Vec::new();
+    let mut only: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
-            other => bail!("unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]..."),
+            "--test" => only = Some(it.next().context("--test wants part of a test name")?.clone()),
+            other => bail!(
+                "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART]"
+            ),
         }
     }
     if kernels.is_empty() {
@@ -119,7 +123,10 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             .filter(|(name, _)| group.scenarios.contains(&name.as_str()))
             .cloned()
             .collect();
-        let names = build_initramfs(root, &initramfs, &busybox, &group_tests)?;
+        let names = build_initramfs(root, &initramfs, &busybox, &group_tests, only.as_deref())?;
+        if names.is_empty() {
+            continue;
+        }
         let result = boot(&kernel, &initramfs, line, group, &cache);
         let _ = std::fs::remove_file(&initramfs);
         match result {
@@ -413,6 +420,7 @@ fn build_initramfs(
     out: &Path,
     busybox: &Path,
     tests: &[(String, PathBuf)],
+    only: Option<&str>,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let release = root.join("target/release");
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
@@ -429,7 +437,10 @@ fn build_initramfs(
     let mut script = String::from(INIT_HEAD);
     for (name, exe) in tests {
         files.insert(exe.clone());
-        for test in list_tests(exe)? {
+        for test in list_tests(exe)?
+            .into_iter()
+            .filter(|t| only.is_none_or(|o| t.contains(o)))
+        {
             script.push_str(&format!("run_one {name} '{test}' {}\n", exe.display()));
             runs.push((name.clone(), test));
         }

@@ -14,7 +14,13 @@ use super::{ms, overlap, Buckets, DetectorConfig, Finding, Inputs, NameStack};
 /// What blocked a thread, from the kernel stack it slept in.
 pub fn blocked_on(kernel_frames: &[String]) -> &'static str {
     let has = |pat: &str| kernel_frames.iter().any(|f| f.contains(pat));
-    if has("futex") {
+    if has("uprobe_notify_resume") || has("handle_swbp") {
+        // Inside the handling of slotprof's own uprobe (it takes the
+        // process's mmap lock): the profiler's cost, said as such.
+        OWN_UPROBE
+    } else if has("rwsem_down") && (has("mmap") || has("do_user_addr_fault") || has("lock_mm_and_find_vma")) {
+        "mmap lock wait"
+    } else if has("futex") {
         "lock wait (futex)"
     } else if has("nanosleep") || has("hrtimer_sleep") || has("do_nanosleep") {
         "sleep"
@@ -27,8 +33,13 @@ pub fn blocked_on(kernel_frames: &[String]) -> &'static str {
     }
 }
 
+/// The cause for time spent in slotprof's own loop uprobe.
+pub const OWN_UPROBE: &str = "slotprof's loop uprobe";
+
 fn advice(cause: &str) -> &'static str {
     match cause {
+        OWN_UPROBE => "the time went to slotprof's own --loop-symbol uprobe (its handler waits for the process's mmap lock while another thread maps or unmaps memory): probe a function called less often, or leave --loop-symbol out (gaps then come from off-CPU intervals only)",
+        "mmap lock wait" => "the loop waited for its process's mmap lock (another thread was mapping, unmapping or faulting memory): look for munmap/madvise/mprotect in other threads (allocator purges, big drops) and move them off the loop's hot path",
         "lock wait (futex)" => "the loop waited for a lock held elsewhere: see the LockContention finding for the lock and who held it; take the lock off the loop or shorten the holder's critical section",
         "sleep" => "the loop slept: remove sleeps and timed waits from the hot path",
         "I/O" => "the loop waited for I/O: move file and disk access off the loop thread",
@@ -218,6 +229,34 @@ mod tests {
     use crate::{aggregate::Interval, detectors::test_support::*};
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn blocked_causes_from_kernel_stacks() {
+        let k = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Seen in a test VM: the loop uprobe's handler waiting for mmap_lock.
+        let uprobe = k(&[
+            "__schedule",
+            "schedule",
+            "rwsem_down_read_slowpath",
+            "down_read",
+            "uprobe_notify_resume",
+            "exit_to_user_mode_prepare",
+        ]);
+        assert_eq!(blocked_on(&uprobe), OWN_UPROBE);
+        let fault = k(&[
+            "__schedule",
+            "rwsem_down_read_slowpath",
+            "lock_mm_and_find_vma",
+            "do_user_addr_fault",
+        ]);
+        assert_eq!(blocked_on(&fault), "mmap lock wait");
+        assert_eq!(
+            blocked_on(&k(&["futex_wait_queue", "__x64_sys_futex"])),
+            "lock wait (futex)"
+        );
+        assert_eq!(blocked_on(&k(&["do_nanosleep", "hrtimer_nanosleep"])), "sleep");
+        assert_eq!(blocked_on(&k(&["schedule", "pipe_read"])), "blocked (other)");
+    }
 
     fn inputs<'a>(
         samples: &'a [(u64, crate::aggregate::StackKey)],
