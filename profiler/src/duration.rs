@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m` or `h`; a bare
+/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d`; a bare
 /// number is seconds.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -20,9 +20,10 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         "" | "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
+        "d" => 86400.0,
         _ => {
             return Err(format!(
-                "unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m or h"
+                "unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m, h or d"
             ))
         }
     };

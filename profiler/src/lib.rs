@@ -9,12 +9,14 @@
 
 pub mod aggregate;
 pub mod cli;
+pub mod config;
 pub mod detectors;
 pub mod diff;
 pub mod duration;
 pub mod events;
 pub mod host;
 pub mod memory_access;
+pub mod metrics;
 pub mod output;
 pub mod phase;
 pub mod privileges;

@@ -1,0 +1,406 @@
+//! The configuration file of `slotprof run` (always-on mode): TOML, every
+//! key documented in profiler/packaging/slotprof.toml (the sample file is
+//! parsed by the tests, so it stays valid). Unknown keys and bad values are
+//! errors that name the key and say what is allowed.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// The sample configuration shipped with slotprof.
+pub const SAMPLE: &str = include_str!("../packaging/slotprof.toml");
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct File {
+    target: TargetSection,
+    sampling: SamplingSection,
+    slots: SlotsSection,
+    export: ExportSection,
+    metrics: MetricsSection,
+    detectors: DetectorsSection,
+    phase_probe: PhaseSection,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct TargetSection {
+    comm: Option<String>,
+    pid: Option<u32>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct SamplingSection {
+    frequency_hz: u64,
+    min_offcpu: String,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 49,
+            min_offcpu: "1ms".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct SlotsSection {
+    source: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct ExportSection {
+    dir: PathBuf,
+    full: String,
+    hourly_profiles: bool,
+    retention_bytes: String,
+    retention_age: String,
+    free_space_floor: String,
+}
+
+impl Default for ExportSection {
+    fn default() -> Self {
+        Self {
+            dir: "/var/lib/slotprof".into(),
+            full: "findings-and-leader".into(),
+            hourly_profiles: true,
+            retention_bytes: "20GiB".into(),
+            retention_age: "7d".into(),
+            free_space_floor: "5GiB".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct MetricsSection {
+    listen: String,
+    allow_remote: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+            allow_remote: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DetectorsSection {
+    loop_thread: Option<String>,
+    loop_symbol: Option<String>,
+    gap_threshold: String,
+    hot_threads: Vec<String>,
+    purge_threshold: String,
+    lock_threshold: String,
+    pingpong_threshold: f64,
+}
+
+impl Default for DetectorsSection {
+    fn default() -> Self {
+        Self {
+            loop_thread: None,
+            loop_symbol: None,
+            gap_threshold: "5ms".into(),
+            hot_threads: Vec::new(),
+            purge_threshold: "1ms".into(),
+            lock_threshold: "2ms".into(),
+            pingpong_threshold: 0.05,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct PhaseSection {
+    enabled: bool,
+    every: String,
+    burst: String,
+    cpus: Cpus,
+}
+
+impl Default for PhaseSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            every: "100ms".into(),
+            burst: "1ms".into(),
+            cpus: Cpus::Word("all".into()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum Cpus {
+    Word(String),
+    List(Vec<u32>),
+}
+
+/// Which process `run` profiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    Comm(String),
+    Pid(u32),
+}
+
+/// Which slots get a full export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullExport {
+    All,
+    FindingsAndLeader,
+    Findings,
+}
+
+/// A checked configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub target: TargetSpec,
+    pub frequency_hz: u64,
+    pub min_offcpu: Duration,
+    pub slot_source: Option<crate::slots::SlotSourceSpec>,
+    pub export_dir: PathBuf,
+    pub full_export: FullExport,
+    pub hourly_profiles: bool,
+    pub retention_bytes: u64,
+    pub retention_age: Duration,
+    pub free_space_floor: u64,
+    pub metrics_listen: SocketAddr,
+    pub loop_thread: Option<crate::detectors::LoopThread>,
+    pub loop_symbol: Option<String>,
+    pub gap_threshold: Duration,
+    pub hot_threads: Vec<String>,
+    pub purge_threshold: Duration,
+    pub lock_threshold: Duration,
+    pub pingpong_threshold: f64,
+    pub phase_probe: Option<PhaseConfig>,
+}
+
+/// The phase probe's settings (`None` cpus: every online CPU).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhaseConfig {
+    pub every: Duration,
+    pub burst: Duration,
+    pub cpus: Option<Vec<u32>>,
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "cannot read the configuration {} (a documented sample: profiler/packaging/slotprof.toml)",
+                path.display()
+            )
+        })?;
+        Self::parse(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Parses and checks configuration text.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let f: File = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let dur = |key: &str, v: &str| -> anyhow::Result<Duration> {
+            crate::duration::parse(v).map_err(|e| anyhow::anyhow!("{key}: {e}"))
+        };
+        let target = match (f.target.comm, f.target.pid) {
+            (Some(c), None) if !c.is_empty() => TargetSpec::Comm(c),
+            (None, Some(p)) => TargetSpec::Pid(p),
+            (Some(_), Some(_)) => bail!("target: give `comm` or `pid`, not both"),
+            _ => bail!("target: give `comm = \"agave-validator\"` or `pid = N` (required)"),
+        };
+        if !(1..=10_000).contains(&f.sampling.frequency_hz) {
+            bail!(
+                "sampling.frequency_hz: {} is out of range: use 1 to 10000 (49 is the always-on default)",
+                f.sampling.frequency_hz
+            );
+        }
+        let slot_source = f
+            .slots
+            .source
+            .as_deref()
+            .map(|s| {
+                s.parse()
+                    .map_err(|e: String| anyhow::anyhow!("slots.source: {e}"))
+            })
+            .transpose()?;
+        let full_export = match f.export.full.as_str() {
+            "all" => FullExport::All,
+            "findings-and-leader" => FullExport::FindingsAndLeader,
+            "findings" => FullExport::Findings,
+            other => bail!(
+                "export.full: {other:?} is not allowed: use \"findings-and-leader\", \"all\" or \"findings\""
+            ),
+        };
+        let metrics_listen: SocketAddr = f.metrics.listen.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "metrics.listen: {:?} is not an address: use IP:PORT, e.g. \"127.0.0.1:9464\"",
+                f.metrics.listen
+            )
+        })?;
+        if !metrics_listen.ip().is_loopback() && !f.metrics.allow_remote {
+            bail!(
+                "metrics.listen: {metrics_listen} is not loopback; set metrics.allow_remote = true to \
+                 serve profiles and metrics beyond this host"
+            );
+        }
+        if !(0.0..=1.0).contains(&f.detectors.pingpong_threshold) {
+            bail!("detectors.pingpong_threshold: use a share between 0 and 1");
+        }
+        let phase_probe = if f.phase_probe.enabled {
+            let every = dur("phase_probe.every", &f.phase_probe.every)?;
+            let burst = dur("phase_probe.burst", &f.phase_probe.burst)?;
+            if burst.is_zero() || burst >= every {
+                bail!("phase_probe.burst must be above zero and shorter than phase_probe.every");
+            }
+            let cpus = match f.phase_probe.cpus {
+                Cpus::Word(w) if w == "all" => None,
+                Cpus::Word(w) => {
+                    bail!("phase_probe.cpus: {w:?} is not allowed: use \"all\" or a list such as [0, 2]")
+                }
+                Cpus::List(l) => Some(l),
+            };
+            Some(PhaseConfig { every, burst, cpus })
+        } else {
+            None
+        };
+        Ok(Self {
+            target,
+            frequency_hz: f.sampling.frequency_hz,
+            min_offcpu: dur("sampling.min_offcpu", &f.sampling.min_offcpu)?,
+            slot_source,
+            export_dir: f.export.dir,
+            full_export,
+            hourly_profiles: f.export.hourly_profiles,
+            retention_bytes: bytes("export.retention_bytes", &f.export.retention_bytes)?,
+            retention_age: dur("export.retention_age", &f.export.retention_age)?,
+            free_space_floor: bytes("export.free_space_floor", &f.export.free_space_floor)?,
+            metrics_listen,
+            loop_thread: f
+                .detectors
+                .loop_thread
+                .as_deref()
+                .map(|t| {
+                    t.parse()
+                        .map_err(|e: String| anyhow::anyhow!("detectors.loop_thread: {e}"))
+                })
+                .transpose()?,
+            loop_symbol: f.detectors.loop_symbol,
+            gap_threshold: dur("detectors.gap_threshold", &f.detectors.gap_threshold)?,
+            hot_threads: f.detectors.hot_threads,
+            purge_threshold: dur("detectors.purge_threshold", &f.detectors.purge_threshold)?,
+            lock_threshold: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?,
+            pingpong_threshold: f.detectors.pingpong_threshold,
+            phase_probe,
+        })
+    }
+}
+
+/// Sizes as people type them: `20GiB`, `500MiB`, `1.5TB`, a bare number of bytes.
+pub fn bytes(key: &str, text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{key}: {text:?} is not a size: use e.g. 20GiB, 500MiB"))?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024f64.powi(2),
+        "GiB" => 1024f64.powi(3),
+        "TiB" => 1024f64.powi(4),
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        other => {
+            bail!("{key}: unknown unit {other:?} in {text:?}: use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)")
+        }
+    };
+    Ok((value * scale) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_sample_parses_to_the_defaults() {
+        let c = Config::parse(SAMPLE).unwrap();
+        assert_eq!(c.target, TargetSpec::Comm("agave-validator".into()));
+        assert_eq!(c.frequency_hz, 49);
+        assert_eq!(c.full_export, FullExport::FindingsAndLeader);
+        assert_eq!(c.retention_bytes, 20 << 30);
+        assert_eq!(c.retention_age, Duration::from_secs(7 * 86400));
+        assert_eq!(c.free_space_floor, 5 << 30);
+        assert_eq!(c.metrics_listen, "127.0.0.1:9464".parse().unwrap());
+        assert!(matches!(
+            c.slot_source,
+            Some(crate::slots::SlotSourceSpec::Rpc(_))
+        ));
+        let p = c.phase_probe.unwrap();
+        assert_eq!(
+            (p.every, p.burst, p.cpus),
+            (Duration::from_millis(100), Duration::from_millis(1), None)
+        );
+        // Only the target is required.
+        let minimal = Config::parse("[target]\npid = 7\n").unwrap();
+        assert_eq!(minimal.target, TargetSpec::Pid(7));
+        assert_eq!(minimal.frequency_hz, 49);
+    }
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn bad_input_names_the_key_and_what_is_allowed() {
+        let t = "[target]\ncomm = \"x\"\n";
+        assert!(
+            err("[target]\ncom = \"x\"\n").contains("unknown field `com`"),
+            "{}",
+            err("[target]\ncom = \"x\"\n")
+        );
+        assert!(err("").contains("target: give"));
+        assert!(err("[target]\ncomm = \"a\"\npid = 3\n").contains("not both"));
+        let e = err(&format!("{t}[export]\nfull = \"some\"\n"));
+        assert!(
+            e.contains("export.full") && e.contains("findings-and-leader"),
+            "{e}"
+        );
+        let e = err(&format!("{t}[export]\nretention_bytes = \"20 potatoes\"\n"));
+        assert!(e.contains("export.retention_bytes") && e.contains("GiB"), "{e}");
+        let e = err(&format!("{t}[metrics]\nlisten = \"0.0.0.0:9464\"\n"));
+        assert!(e.contains("allow_remote"), "{e}");
+        assert!(Config::parse(&format!(
+            "{t}[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n"
+        ))
+        .is_ok());
+        let e = err(&format!("{t}[sampling]\nmin_offcpu = \"1 fortnight\"\n"));
+        assert!(e.contains("sampling.min_offcpu"), "{e}");
+        let e = err(&format!("{t}[phase_probe]\ncpus = \"some\"\n"));
+        assert!(e.contains("phase_probe.cpus"), "{e}");
+        let e = err(&format!("{t}[sampling]\nfrequency_hz = \"fast\"\n"));
+        assert!(e.contains("frequency_hz"), "{e}");
+        let e = err(&format!("{t}[slots]\nsource = \"sundial\"\n"));
+        assert!(e.contains("slots.source"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes("k", "20GiB").unwrap(), 20 << 30);
+        assert_eq!(bytes("k", "1.5 MB").unwrap(), 1_500_000);
+        assert_eq!(bytes("k", "4096").unwrap(), 4096);
+        assert!(bytes("k", "lots").is_err());
+    }
+}

@@ -1,0 +1,369 @@
+//! The Prometheus endpoint of `slotprof run`: text exposition format 0.0.4
+//! on a small HTTP server (GET /metrics; GET / serves the export's
+//! index.html). Loopback unless the configuration says otherwise.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+/// Upper bounds (seconds) of the slot-duration histogram: around the 400 ms
+/// slot (going down to 250 ms), with room for slow ones.
+pub const SLOT_BUCKETS: [f64; 10] = [0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.8, 1.0, 2.0];
+
+/// A cumulative histogram in Prometheus' sense.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    bounds: Vec<f64>,
+    /// Observations at or below each bound (not cumulative; summed on render).
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &[f64]) -> Self {
+        Self {
+            bounds: bounds.to_vec(),
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// What /metrics shows; the run loop updates it.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Findings so far, by kind.
+    pub findings: BTreeMap<String, u64>,
+    /// Events lost so far, by cause (ring_buffer_full, stacks, ...).
+    pub lost: BTreeMap<String, u64>,
+    /// cpu-clock samples of the target.
+    pub samples: u64,
+    pub slot_durations: Histogram,
+    /// Slots exported in full, and summarised in one line.
+    pub slots_exported: u64,
+    pub slots_summarised: u64,
+    /// Bytes the export holds now.
+    pub export_bytes: u64,
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Self {
+            findings: BTreeMap::new(),
+            lost: BTreeMap::new(),
+            samples: 0,
+            slot_durations: Histogram::new(&SLOT_BUCKETS),
+            slots_exported: 0,
+            slots_summarised: 0,
+            export_bytes: 0,
+        }
+    }
+}
+
+/// slotprof's own CPU time (seconds) and resident memory (bytes).
+pub fn own_usage() -> (f64, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the name.
+    let cpu = (field(11) + field(12)) / ticks;
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * page;
+    (cpu, rss)
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Renders the text exposition format.
+pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
+    let mut out = String::new();
+    let section = |out: &mut String, name: &str, kind: &str, help: &str, lines: Vec<String>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+    };
+    section(
+        &mut out,
+        "slotprof_findings_total",
+        "counter",
+        "Findings so far, by kind.",
+        s.findings
+            .iter()
+            .map(|(k, n)| format!("slotprof_findings_total{{kind=\"{}\"}} {n}", escape(k)))
+            .collect(),
+    );
+    section(
+        &mut out,
+        "slotprof_lost_events_total",
+        "counter",
+        "Events that did not reach slotprof whole, by cause.",
+        s.lost
+            .iter()
+            .map(|(c, n)| format!("slotprof_lost_events_total{{cause=\"{}\"}} {n}", escape(c)))
+            .collect(),
+    );
+    section(
+        &mut out,
+        "slotprof_samples_total",
+        "counter",
+        "cpu-clock samples of the target.",
+        vec![format!("slotprof_samples_total {}", s.samples)],
+    );
+    let h = &s.slot_durations;
+    let mut lines = Vec::new();
+    let mut cumulative = 0;
+    for (b, c) in h.bounds.iter().zip(&h.counts) {
+        cumulative += c;
+        lines.push(format!(
+            "slotprof_slot_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}"
+        ));
+    }
+    lines.push(format!(
+        "slotprof_slot_duration_seconds_bucket{{le=\"+Inf\"}} {}",
+        h.count
+    ));
+    lines.push(format!("slotprof_slot_duration_seconds_sum {}", h.sum));
+    lines.push(format!("slotprof_slot_duration_seconds_count {}", h.count));
+    section(
+        &mut out,
+        "slotprof_slot_duration_seconds",
+        "histogram",
+        "Slot lengths as the slot source saw them.",
+        lines,
+    );
+    section(
+        &mut out,
+        "slotprof_slots_exported_total",
+        "counter",
+        "Slots exported in full, or as one summary line.",
+        vec![
+            format!(
+                "slotprof_slots_exported_total{{mode=\"full\"}} {}",
+                s.slots_exported
+            ),
+            format!(
+                "slotprof_slots_exported_total{{mode=\"summary\"}} {}",
+                s.slots_summarised
+            ),
+        ],
+    );
+    section(
+        &mut out,
+        "slotprof_export_bytes",
+        "gauge",
+        "Bytes the export directory holds.",
+        vec![format!("slotprof_export_bytes {}", s.export_bytes)],
+    );
+    section(
+        &mut out,
+        "slotprof_process_cpu_seconds_total",
+        "counter",
+        "slotprof's own CPU time (user + system).",
+        vec![format!("slotprof_process_cpu_seconds_total {own_cpu_s}")],
+    );
+    section(
+        &mut out,
+        "slotprof_process_resident_memory_bytes",
+        "gauge",
+        "slotprof's own resident memory.",
+        vec![format!("slotprof_process_resident_memory_bytes {own_rss}")],
+    );
+    out
+}
+
+/// Serves /metrics and / until the task is dropped.
+pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, index: PathBuf) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let state = state.clone();
+        let index = index.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("GET "))
+                .and_then(|l| l.split(' ').next())
+                .unwrap_or("");
+            let (status, kind, body) = match path {
+                "/metrics" => {
+                    let snapshot = state.lock().unwrap().clone();
+                    let (cpu, rss) = own_usage();
+                    (
+                        "200 OK",
+                        "text/plain; version=0.0.4",
+                        render(&snapshot, cpu, rss).into_bytes(),
+                    )
+                }
+                "/" | "/index.html" => match std::fs::read(&index) {
+                    Ok(b) => ("200 OK", "text/html; charset=utf-8", b),
+                    Err(_) => ("404 Not Found", "text/plain", b"no index.html yet\n".to_vec()),
+                },
+                _ => ("404 Not Found", "text/plain", b"try /metrics or /\n".to_vec()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(&body).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        let mut s = Snapshot::default();
+        s.findings.insert("MainLoopGap".into(), 3);
+        s.findings.insert("SyncAllocatorPurge".into(), 1);
+        s.lost.insert("ring_buffer_full".into(), 0);
+        s.lost.insert("stacks".into(), 2);
+        s.samples = 12345;
+        for v in [0.4, 0.41, 0.39, 0.9, 3.0] {
+            s.slot_durations.observe(v);
+        }
+        s.slots_exported = 4;
+        s.slots_summarised = 96;
+        s
+    }
+
+    fn parse(text: &str) -> prometheus_parse::Scrape {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid exposition")
+    }
+
+    fn value(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("{name} {label:?} missing"));
+        match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            prometheus_parse::Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn renders_what_a_real_parser_reads_back() {
+        let text = render(&snapshot(), 1.5, 64 << 20);
+        let scrape = parse(&text);
+        assert_eq!(
+            value(&scrape, "slotprof_findings_total", Some(("kind", "MainLoopGap"))),
+            3.0
+        );
+        assert_eq!(
+            value(&scrape, "slotprof_lost_events_total", Some(("cause", "stacks"))),
+            2.0
+        );
+        assert_eq!(value(&scrape, "slotprof_samples_total", None), 12345.0);
+        assert_eq!(
+            value(&scrape, "slotprof_process_resident_memory_bytes", None),
+            (64 << 20) as f64
+        );
+        assert_eq!(
+            value(
+                &scrape,
+                "slotprof_slots_exported_total",
+                Some(("mode", "summary"))
+            ),
+            96.0
+        );
+        // The histogram: 3 slots at <= 0.45 s, 4 at <= 1 s, 5 in all.
+        let hist = scrape
+            .samples
+            .iter()
+            .find_map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(h) if s.metric == "slotprof_slot_duration_seconds" => {
+                    Some(h.clone())
+                }
+                _ => None,
+            })
+            .expect("histogram");
+        let at = |le: f64| hist.iter().find(|b| b.less_than == le).unwrap().count;
+        assert_eq!((at(0.45), at(1.0), at(f64::INFINITY)), (3.0, 4.0, 5.0));
+        assert!(text.contains("slotprof_slot_duration_seconds_count 5"));
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_and_the_index_over_http() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let dir = std::env::temp_dir().join(format!("slotprof-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("index.html"), "<html>slots</html>").unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Mutex::new(snapshot())),
+            dir.join("index.html"),
+        ));
+        let get = |path: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let metrics = get("/metrics").await;
+        assert!(metrics.starts_with("HTTP/1.1 200 OK"));
+        let body = metrics.split("\r\n\r\n").nth(1).unwrap();
+        let scrape = parse(body);
+        assert_eq!(
+            value(
+                &scrape,
+                "slotprof_findings_total",
+                Some(("kind", "SyncAllocatorPurge"))
+            ),
+            1.0
+        );
+        assert!(value(&scrape, "slotprof_process_resident_memory_bytes", None) > 0.0);
+        assert!(get("/").await.ends_with("<html>slots</html>"));
+        assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        server.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
