@@ -305,15 +305,11 @@ impl Config {
 
 /// Sizes as people type them: `20GiB`, `500MiB`, `1.5TB`, a bare number of bytes.
 pub fn bytes(key: &str, text: &str) -> anyhow::Result<u64> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = crate::duration::number_and_unit(text);
     let value: f64 = num
         .parse()
         .map_err(|_| anyhow::anyhow!("{key}: {text:?} is not a size: use e.g. 20GiB, 500MiB"))?;
-    let scale: f64 = match unit.trim() {
+    let scale: f64 = match unit {
         "" | "B" => 1.0,
         "KiB" => 1024.0,
         "MiB" => 1024f64.powi(2),

@@ -2,14 +2,20 @@
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d`; a bare
-/// number is seconds.
-pub fn parse(text: &str) -> Result<Duration, String> {
+/// Splits `12.5ms` into (`12.5`, `ms`), trimming spaces around both.
+pub fn number_and_unit(text: &str) -> (&str, &str) {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
+    (num, unit.trim())
+}
+
+/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d`; a bare
+/// number is seconds.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let (num, unit) = number_and_unit(text);
     let value: f64 = num
         .parse()
         .map_err(|_| format!("{text:?} is not a duration: use e.g. 30s, 500ms, 2m"))?;
@@ -45,6 +51,7 @@ mod tests {
         assert_eq!(parse("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse("fast").unwrap_err().contains("30s"));
-        assert!(parse("3d").unwrap_err().contains("unit"));
+        assert_eq!(parse("7d").unwrap(), Duration::from_secs(7 * 86400));
+        assert!(parse("3w").unwrap_err().contains("unit"));
     }
 }

@@ -159,22 +159,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         md,
         "Per-program cost in one more run with `--probe-stats` (all probes):\n"
     );
-    let _ = writeln!(md, "| program | runs | avg ns/run | total ms |");
-    let _ = writeln!(md, "|---|---|---|---|");
-    if let Some(progs) = summary["probe_cost"]["programs"].as_array() {
-        let mut progs = progs.clone();
-        progs.sort_by(|a, b| b["total_ns"].as_u64().cmp(&a["total_ns"].as_u64()));
-        for p in progs {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {:.0} | {:.1} |",
-                p["program"].as_str().unwrap_or(""),
-                p["runs"],
-                p["avg_ns"].as_f64().unwrap_or(0.0),
-                p["total_ns"].as_f64().unwrap_or(0.0) / 1e6
-            );
-        }
-    }
+    md.push_str(&program_table(&summary));
     let _ = writeln!(
         md,
         "\nAll probes together used {:.2}% of the machine's CPU during that run.",
@@ -387,18 +372,29 @@ fn host_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
          tracepoint, so a run that reuses one costs far less than a walk.\n",
         t["invalidations"], t["events"], summary["lost"]["total"]
     );
-    let _ = writeln!(md, "| program | runs | avg ns/run | total ms |");
-    let _ = writeln!(md, "|---|---|---|---|");
+    md.push_str(&program_table(&summary));
+    let _ = writeln!(
+        md,
+        "\nThe host probes used {:.3}% of the machine's CPU over the session.\n",
+        summary["probe_cost"]["cpu_percent"].as_f64().unwrap_or(0.0)
+    );
+    Ok(md)
+}
+
+/// The per-program cost table of a summary's `probe_cost`, costliest first;
+/// programs that never ran are left out.
+fn program_table(summary: &Value) -> String {
+    let mut md = String::from("| program | runs | avg ns/run | total ms |\n|---|---|---|---|\n");
     let mut programs: Vec<&Value> = summary["probe_cost"]["programs"]
         .as_array()
         .into_iter()
         .flatten()
         .collect();
     programs.sort_by_key(|p| std::cmp::Reverse(p["total_ns"].as_u64().unwrap_or(0)));
-    for p in programs {
-        if p["runs"].as_u64().unwrap_or(0) == 0 {
-            continue;
-        }
+    for p in programs
+        .into_iter()
+        .filter(|p| p["runs"].as_u64().unwrap_or(0) > 0)
+    {
         let _ = writeln!(
             md,
             "| {} | {} | {:.0} | {:.1} |",
@@ -408,10 +404,5 @@ fn host_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
             p["total_ns"].as_f64().unwrap_or(0.0) / 1e6
         );
     }
-    let _ = writeln!(
-        md,
-        "\nThe host probes used {:.3}% of the machine's CPU over the session.\n",
-        summary["probe_cost"]["cpu_percent"].as_f64().unwrap_or(0.0)
-    );
-    Ok(md)
+    md
 }
