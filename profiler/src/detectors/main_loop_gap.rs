@@ -33,11 +33,15 @@ pub fn blocked_on(kernel_frames: &[String]) -> &'static str {
     }
 }
 
+/// The cause for time that was neither recorded off-CPU nor sampled on-CPU.
+pub const SHORT_WAITS: &str = "waits under --min-offcpu";
+
 /// The cause for time spent in slotprof's own loop uprobe.
 pub const OWN_UPROBE: &str = "slotprof's loop uprobe";
 
 fn advice(cause: &str) -> &'static str {
     match cause {
+        SHORT_WAITS => "no sample landed in this iteration and no off-CPU interval was recorded: the time went to waits shorter than --min-offcpu (for the run queue, or short blocks); lower --min-offcpu (e.g. 100us) to see them",
         OWN_UPROBE => "the time went to slotprof's own --loop-symbol uprobe (its handler waits for the process's mmap lock while another thread maps or unmaps memory): probe a function called less often, or leave --loop-symbol out (gaps then come from off-CPU intervals only)",
         "mmap lock wait" => "the loop waited for its process's mmap lock (another thread was mapping, unmapping or faulting memory): look for munmap/madvise/mprotect in other threads (allocator purges, big drops) and move them off the loop's hot path",
         "lock wait (futex)" => "the loop waited for a lock held elsewhere: see the LockContention finding for the lock and who held it; take the lock off the loop or shorten the holder's critical section",
@@ -134,7 +138,16 @@ pub fn detect(
         ];
         parts.extend(blocked.iter().map(|(k, v)| (*k, *v)));
         parts.sort_by_key(|p| std::cmp::Reverse(p.1));
-        let cause = parts[0].0;
+        let samples_in = samples.iter().filter(|(t, _)| *t >= a && *t < b).count();
+        // "On-CPU" is what is left after the recorded off-CPU time; with no
+        // sample where two or more were due, the thread was not on a CPU
+        // but in waits too short to record.
+        let cause = if parts[0].0 == "on-CPU" && samples_in == 0 && oncpu_other >= 2 * config.sample_period_ns
+        {
+            SHORT_WAITS
+        } else {
+            parts[0].0
+        };
 
         // The stack that shows the cause.
         let stack = match cause {
@@ -190,10 +203,7 @@ pub fn detect(
             ("threshold_ms", ms(config.gap_threshold_ns)),
         ]);
         magnitudes.insert("page_faults", faults_in(a) as f64);
-        magnitudes.insert(
-            "samples",
-            samples.iter().filter(|(t, _)| *t >= a && *t < b).count() as f64,
-        );
+        magnitudes.insert("samples", samples_in as f64);
         findings.push(Finding {
             kind: "MainLoopGap",
             slot,
@@ -344,6 +354,29 @@ mod tests {
         assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
         let inp = inputs(&[], &[], &[], &[], &names);
         assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
+    }
+
+    #[test]
+    fn unrecorded_time_without_samples_is_not_called_on_cpu() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 0), mark(7, 6 * MS)];
+        let config = DetectorConfig {
+            sample_period_ns: 2 * MS, // 499 Hz: three samples were due
+            ..DetectorConfig::default()
+        };
+        let mut n = namer(HashMap::from([(3, vec!["main", "work"])]));
+        let inp = inputs(&[], &[], &[], &marks, &names);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some(SHORT_WAITS));
+        assert!(f[0].advice.contains("--min-offcpu"));
+        // With samples in it, the same iteration is on-CPU.
+        let samples = [
+            (2 * MS, key(7, "main-loop", 3, -14)),
+            (4 * MS, key(7, "main-loop", 3, -14)),
+        ];
+        let inp = inputs(&samples, &[], &[], &marks, &names);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("on-CPU"));
     }
 
     #[test]
