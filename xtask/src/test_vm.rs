@@ -568,7 +568,8 @@ export PATH=/bin:/usr/bin:/sbin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
+# /tmp stays on the initramfs itself (writable): a tmpfs over it would
+# hide the binaries of a workspace that lives under /tmp.
 mount -t tracefs nodev /sys/kernel/tracing
 mount -t debugfs nodev /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
@@ -714,6 +715,7 @@ fn judge(ok: bool, output: &[String]) -> (Outcome, String) {
         let why = output
             .iter()
             .find(|l| l.contains("panicked at") || l.contains("assertion"))
+            .or_else(|| output.iter().rev().find(|l| !l.trim().is_empty()))
             .cloned()
             .unwrap_or_default();
         return (Outcome::Fail, why);
