@@ -91,7 +91,24 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
     );
     let sleeper = waker_of("sleeper");
     assert!(sleeper.iter().all(|w| w == "timer"), "{sleeper:?}");
-    assert_eq!(summary["lost"]["total"], 0);
+    // Nothing dropped for want of room. A stack whose hash collides with a
+    // different stack in the kernel's stack map is counted as lost, never
+    // mislabelled; in a TCG test VM, where every sample's IP differs, one
+    // in a few thousand collides.
+    let lost = &summary["lost"];
+    for cause in [
+        "ring_buffer_full",
+        "offcpu_map_full",
+        "syscall_map_full",
+        "malformed_records",
+    ] {
+        assert_eq!(lost[cause], 0, "{cause}: {lost}");
+    }
+    let samples = summary["counts"]["oncpu_samples"].as_u64().unwrap();
+    assert!(
+        lost["stacks"].as_u64().unwrap() <= 1 + samples / 1000,
+        "stacks lost: {lost}, of {samples} samples"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
