@@ -173,13 +173,24 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     let Some(_k) = kernel_with(&["sched:sched_switch"]) else {
         return;
     };
-    let opts = ["-F", "499", "--loop-symbol", "stall_loop_iteration"];
-    let (out, truth) = record("gaps", &opts, "stall-gaps", &["--seconds", "5"]);
+    // 10 ms: the injected gaps are 20 ms; a smooth iteration (0.5 ms of
+    // work, a 0.5 ms sleep) stays far below it even where timers are
+    // coarse (a TCG test VM oversleeps the 0.5 ms to ~5 ms).
+    const THRESHOLD_NS: u64 = 10_000_000;
+    let opts = [
+        "-F",
+        "499",
+        "--loop-symbol",
+        "stall_loop_iteration",
+        "--gap-threshold",
+        "10ms",
+    ];
+    let (out, truth) = record("gaps", &opts, "stall-gaps", &["--seconds", "8"]);
     let gaps = findings(&out, "MainLoopGap");
     let injected = truth["gaps"].as_array().unwrap();
     // A sanity check of the run, not of slotprof: a slow machine (a TCG
     // test VM) gets through fewer iterations in the same time.
-    assert!(injected.len() >= 10, "too few gaps injected: {}", injected.len());
+    assert!(injected.len() >= 8, "too few gaps injected: {}", injected.len());
     let want = HashMap::from([
         ("sleep", "sleep"),
         ("lock", "lock wait (futex)"),
@@ -188,7 +199,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     let (mut found, mut right, mut drop_named) = (0, 0, 0);
     for g in injected {
         let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
-        if e - s < 5_000_000 {
+        if e - s < THRESHOLD_NS {
             continue; // only gaps over the threshold count
         }
         let hit = gaps.iter().find(|f| {
@@ -209,7 +220,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     }
     let over: usize = injected
         .iter()
-        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= 5_000_000)
+        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= THRESHOLD_NS)
         .count();
     eprintln!(
         "{found} of {over} injected gaps found, {right} with the right cause; {} findings",
@@ -231,7 +242,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
             .collect::<Vec<_>>()
     );
 
-    let (out, _) = record(
+    let (out, smooth_truth) = record(
         "gaps-smooth",
         &opts,
         "stall-gaps",
@@ -242,31 +253,48 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     // it must be reported as exactly that, never as one of the program's
     // own kinds.
     let smooth = findings(&out, "MainLoopGap");
-    // Likewise the profiler's own loop uprobe, when its handler waits for
-    // the mmap lock (seen in the slow TCG test VMs), and waits too short to
-    // record (a loaded machine): reported as such, never as the program's.
-    let (waits, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| {
-        [
-            "waiting for a CPU",
-            "slotprof's loop uprobe",
-            "waits under --min-offcpu",
-        ]
-        .contains(&f["cause"].as_str().unwrap_or(""))
-    });
+    // Likewise the profiler's own loop uprobe (its handler waits for the
+    // mmap lock), waits too short to record, and, in a TCG test VM, the
+    // host taking the vCPU away mid-iteration (on-CPU in the loop's own
+    // work). What must never appear is one of the program's own kinds.
+    let invented_kind = |f: &serde_json::Value| {
+        let stack = f["stack"].to_string();
+        // (A sleep is not one: the smooth loop sleeps 0.5 ms each time,
+        // and a coarse timer stretches it.)
+        f["cause"] == "lock wait (futex)"
+            || ["drop_big_bank", "injected_sleep", "wait_for_bank_lock"]
+                .iter()
+                .any(|n| stack.contains(n))
+    };
+    // Every gap must be an iteration the program itself saw run long.
+    let slow: Vec<(u64, u64)> = smooth_truth["slow"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap()))
+        .collect();
+    let seen_by_program = |f: &serde_json::Value| {
+        let s = f["start_ns"].as_u64().unwrap();
+        let e = s + f["duration_ns"].as_u64().unwrap();
+        slow.iter().any(|&(a, b)| a < e + 1_000_000 && s < b + 1_000_000)
+    };
+    let (invented, waits): (Vec<_>, Vec<_>) = smooth
+        .iter()
+        .partition(|f| invented_kind(f) || !seen_by_program(f));
     if !waits.is_empty() {
         eprintln!(
-            "smooth twin: {} gaps of waiting for a CPU or in slotprof's uprobe (machine and profiler noise)",
-            waits.len()
+            "smooth twin: {} gaps of machine or profiler noise: {:?}",
+            waits.len(),
+            waits.iter().map(|f| &f["cause"]).collect::<Vec<_>>()
         );
     }
     assert!(
         invented.is_empty(),
         "gaps the smooth twin did not have: {invented:?}"
     );
-    assert!(
-        waits.len() <= 3,
-        "too many CPU-wait gaps for a smooth loop: {}",
-        waits.len()
+    eprintln!(
+        "smooth twin: the program saw {} slow iterations itself",
+        slow.len()
     );
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }

@@ -107,9 +107,25 @@ fn main() {
     let mut gaps = Vec::new();
     let end = monotonic_ns() + run_for.as_nanos() as u64;
     let mut i = 0u64;
+    // The next bank to drop, taken from the builder as soon as it is ready
+    // (never waited for inside a gap: on a slow machine the builder can lag).
+    let mut ready: Option<Bank> = None;
+    // Iterations the program itself saw take over 5 ms without an injected
+    // gap (the machine's doing: a coarse timer, a vCPU taken away): the
+    // smooth twin's ground truth.
+    let mut slow = Vec::new();
+    let mut last = monotonic_ns();
     while monotonic_ns() < end {
+        let now = monotonic_ns();
+        if now - last > 5_000_000 && (smooth || !i.is_multiple_of(every)) {
+            slow.push(format!("{{\"start_ns\":{last},\"end_ns\":{now}}}"));
+        }
+        last = now;
         stall_loop_iteration(i);
         i += 1;
+        if ready.is_none() && !smooth {
+            ready = bank_rx.try_recv().ok();
+        }
         if smooth || !i.is_multiple_of(every) {
             continue;
         }
@@ -128,7 +144,9 @@ fn main() {
                 (s, monotonic_ns())
             }
             _ => {
-                let bank = bank_rx.recv().unwrap();
+                let Some(bank) = ready.take() else {
+                    continue; // not built yet: no drop this time
+                };
                 let s = monotonic_ns();
                 drop_big_bank(bank);
                 let e = monotonic_ns();
@@ -143,9 +161,10 @@ fn main() {
     write_report(
         &flags,
         &format!(
-            "{{\"pid\":{},\"iterations\":{i},\"gaps\":[{}]}}",
+            "{{\"pid\":{},\"iterations\":{i},\"gaps\":[{}],\"slow\":[{}]}}",
             std::process::id(),
-            gaps.join(",")
+            gaps.join(","),
+            slow.join(",")
         ),
     );
 }
