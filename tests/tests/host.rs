@@ -197,11 +197,7 @@ impl Drop for Guest {
 }
 
 fn mem_available_gib() -> f64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / (1 << 20) as f64)
+    slotprof_tests::mem_available_bytes() as f64 / (1u64 << 30) as f64
 }
 
 fn vmstat(key: &str) -> u64 {

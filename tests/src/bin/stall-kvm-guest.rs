@@ -239,7 +239,7 @@ impl Placement {
     /// `reserve` bytes available, whatever happens.
     fn fragment_first(reserve: usize) -> Self {
         let mut chunks = Vec::new();
-        while mem_available() > reserve + FILL_CHUNK {
+        while slotprof_tests::mem_available_bytes() as usize > reserve + FILL_CHUNK {
             let p = map_anonymous(FILL_CHUNK);
             touch_pages(p, FILL_CHUNK);
             chunks.push((p, FILL_CHUNK));
@@ -304,15 +304,6 @@ fn touch_pages(p: *mut u8, len: usize) {
     for off in (0..len).step_by(PAGE) {
         unsafe { std::ptr::write_volatile(p.add(off), 1) };
     }
-}
-
-/// MemAvailable from /proc/meminfo, in bytes.
-fn mem_available() -> usize {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        .map_or(0, |kb| kb << 10)
 }
 
 /// The page frame number of every page (0 when not present or unreadable).
