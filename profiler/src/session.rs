@@ -216,7 +216,7 @@ pub async fn run(
         .cloned();
     let phase_of = |ts: u64| -> Option<&'static str> {
         let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
-        crate::phase::analysis::slow_at(&phase_windows, p, ts).map(|slow| if slow { "slow" } else { "fast" })
+        crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
     };
     drain(ring.get_mut(), &mut agg, &slot_log);
     if progress {
