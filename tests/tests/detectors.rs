@@ -174,18 +174,27 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         return;
     };
     // 10 ms: the injected gaps are 20 ms; a smooth iteration (0.5 ms of
-    // work, a 0.5 ms sleep) stays far below it even where timers are
-    // coarse (a TCG test VM oversleeps the 0.5 ms to ~5 ms).
-    const THRESHOLD_NS: u64 = 10_000_000;
+    // work, a 0.5 ms sleep) stays far below it. In a TCG test VM, whose
+    // timers oversleep the 0.5 ms to 5-10 ms and whose vCPUs the host takes
+    // away now and then, all three are stretched (x5: 50 ms, 100 ms).
+    let scale = time_scale();
+    let threshold_ns: u64 = 10_000_000 * scale;
+    let threshold = format!("{}ms", threshold_ns / 1_000_000);
+    let (gap_ms, slow_ms) = ((20 * scale).to_string(), (5 * scale).to_string());
     let opts = [
         "-F",
         "499",
         "--loop-symbol",
         "stall_loop_iteration",
         "--gap-threshold",
-        "10ms",
+        &threshold,
     ];
-    let (out, truth) = record("gaps", &opts, "stall-gaps", &["--seconds", "8"]);
+    let (out, truth) = record(
+        "gaps",
+        &opts,
+        "stall-gaps",
+        &["--seconds", "8", "--gap-ms", &gap_ms],
+    );
     let gaps = findings(&out, "MainLoopGap");
     let injected = truth["gaps"].as_array().unwrap();
     // A sanity check of the run, not of slotprof: a slow machine (a TCG
@@ -199,7 +208,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     let (mut found, mut right, mut drop_named) = (0, 0, 0);
     for g in injected {
         let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
-        if e - s < THRESHOLD_NS {
+        if e - s < threshold_ns {
             continue; // only gaps over the threshold count
         }
         let hit = gaps.iter().find(|f| {
@@ -220,7 +229,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     }
     let over: usize = injected
         .iter()
-        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= THRESHOLD_NS)
+        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= threshold_ns)
         .count();
     eprintln!(
         "{found} of {over} injected gaps found, {right} with the right cause; {} findings",
@@ -246,7 +255,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "gaps-smooth",
         &opts,
         "stall-gaps",
-        &["--seconds", "5", "--smooth"],
+        &["--seconds", "5", "--smooth", "--slow-ms", &slow_ms],
     );
     // The smooth loop itself never stalls. On this shared 2-vCPU machine the
     // loop can still wait for a CPU now and then: that is a real gap, and

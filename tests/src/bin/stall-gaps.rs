@@ -11,7 +11,8 @@
 //!   `builder` thread made (on-CPU work in the allocator's free path).
 //!
 //! `--smooth`: no gaps. `--seconds S` (default 6). `--report FILE`: JSON
-//! with every injected gap's kind and CLOCK_MONOTONIC start and end.
+//! with every injected gap's kind and CLOCK_MONOTONIC start and end, and
+//! every iteration that took over `--slow-ms` (default 5) without one.
 
 use std::{
     hint::black_box,
@@ -75,6 +76,7 @@ fn main() {
     let gap = Duration::from_secs_f64(flags.num("gap-ms", 20.0) / 1e3);
     let smooth = std::env::args().any(|a| a == "--smooth");
     let bank_size = flags.num("bank-objects", 1_200_000.0) as usize;
+    let slow_ns = (flags.num("slow-ms", 5.0) * 1e6) as u64;
 
     let bank_lock = Arc::new(Mutex::new(0u64));
     let (hold_tx, hold_rx) = mpsc::channel::<()>();
@@ -110,14 +112,14 @@ fn main() {
     // The next bank to drop, taken from the builder as soon as it is ready
     // (never waited for inside a gap: on a slow machine the builder can lag).
     let mut ready: Option<Bank> = None;
-    // Iterations the program itself saw take over 5 ms without an injected
+    // Iterations the program itself saw take over `slow_ns` without an injected
     // gap (the machine's doing: a coarse timer, a vCPU taken away): the
     // smooth twin's ground truth.
     let mut slow = Vec::new();
     let mut last = monotonic_ns();
     while monotonic_ns() < end {
         let now = monotonic_ns();
-        if now - last > 5_000_000 && (smooth || !i.is_multiple_of(every)) {
+        if now - last > slow_ns && (smooth || !i.is_multiple_of(every)) {
             slow.push(format!("{{\"start_ns\":{last},\"end_ns\":{now}}}"));
         }
         last = now;

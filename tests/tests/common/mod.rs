@@ -83,6 +83,24 @@ fn say_missing_tracepoints(out: &Path) {
 }
 
 /// A binary of this package (a stall program).
+/// How much slower than real time the timed scenarios must run here:
+/// `SLOTPROF_TEST_TIME_SCALE` (1 unless set; `cargo xtask test-vm` sets it
+/// in TCG guests, whose timers oversleep by milliseconds).
+pub fn time_scale() -> u64 {
+    match std::env::var("SLOTPROF_TEST_TIME_SCALE") {
+        Err(_) => 1,
+        Ok(v) => {
+            let n: u64 = v
+                .parse()
+                .ok()
+                .filter(|&n| n >= 1)
+                .unwrap_or_else(|| panic!("SLOTPROF_TEST_TIME_SCALE={v:?}: want a whole number >= 1"));
+            eprintln!("timed scenario stretched x{n} (SLOTPROF_TEST_TIME_SCALE)");
+            n
+        }
+    }
+}
+
 pub fn stall_program(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_BIN_EXE_stall-spin-sleep"))
         .parent()
