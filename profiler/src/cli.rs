@@ -20,9 +20,35 @@ pub enum Command {
     Record(RecordArgs),
     /// Differential flamegraph of two slots, leader windows or sessions.
     Diff(DiffArgs),
+    /// Always on: profile a validator continuously, export each slot,
+    /// serve Prometheus metrics (see profiler/packaging/slotprof.toml).
+    Run(RunArgs),
     /// On a hypervisor host: what the host's memory management (compaction,
     /// migration) does to its VMs' memory, per second, with the fix.
     Host(HostArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The configuration file (a documented sample:
+    /// profiler/packaging/slotprof.toml; `slotprof run --print-config`).
+    #[arg(short, long, default_value = "/etc/slotprof/slotprof.toml")]
+    pub config: PathBuf,
+    /// Profile this process (instead of target.pid / target.comm).
+    #[arg(short, long, conflicts_with = "comm")]
+    pub pid: Option<u32>,
+    /// Profile the oldest process with this name, following restarts.
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Export here instead of export.dir.
+    #[arg(long, value_name = "DIR")]
+    pub export_dir: Option<PathBuf>,
+    /// Stop after this long (default: until SIGTERM or SIGINT).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Print the sample configuration (every key, documented) and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 #[derive(Debug, Args)]

@@ -197,7 +197,8 @@ impl Config {
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| {
             format!(
-                "cannot read the configuration {} (a documented sample: profiler/packaging/slotprof.toml)",
+                "cannot read the configuration {} (write a documented sample with `slotprof run --print-config > {}` and edit it)",
+                path.display(),
                 path.display()
             )
         })?;

@@ -22,6 +22,7 @@ pub mod phase;
 pub mod privileges;
 pub mod probes;
 pub mod report;
+pub mod run;
 pub mod session;
 pub mod slot_export;
 pub mod slot_sources;

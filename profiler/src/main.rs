@@ -102,6 +102,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Run(r) => {
+            if r.print_config {
+                print!("{}", profiler::config::SAMPLE);
+                return Ok(());
+            }
+            privileges::require_bpf()?;
+            privileges::raise_memlock_limit();
+            profiler::run::run(profiler::run::RunOptions {
+                config: r.config,
+                pid: r.pid,
+                comm: r.comm,
+                export_dir: r.export_dir,
+                duration: r.duration,
+            })
+            .await
+        }
         Command::Diff(d) => {
             println!(
                 "{}",

@@ -60,6 +60,8 @@ pub struct Snapshot {
     /// Slots exported in full, and summarised in one line.
     pub slots_exported: u64,
     pub slots_summarised: u64,
+    /// Slots not written: the export file system was below its floor.
+    pub slots_skipped: u64,
     /// Bytes the export holds now.
     pub export_bytes: u64,
 }
@@ -73,6 +75,7 @@ impl Default for Snapshot {
             slot_durations: Histogram::new(&SLOT_BUCKETS),
             slots_exported: 0,
             slots_summarised: 0,
+            slots_skipped: 0,
             export_bytes: 0,
         }
     }
@@ -165,7 +168,7 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
         &mut out,
         "slotprof_slots_exported_total",
         "counter",
-        "Slots exported in full, or as one summary line.",
+        "Slots exported in full, as one summary line, or skipped below the free-space floor.",
         vec![
             format!(
                 "slotprof_slots_exported_total{{mode=\"full\"}} {}",
@@ -174,6 +177,10 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
             format!(
                 "slotprof_slots_exported_total{{mode=\"summary\"}} {}",
                 s.slots_summarised
+            ),
+            format!(
+                "slotprof_slots_exported_total{{mode=\"skipped_low_space\"}} {}",
+                s.slots_skipped
             ),
         ],
     );

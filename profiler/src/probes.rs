@@ -266,6 +266,20 @@ impl Probes {
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
+    /// Removes stacks from the kernel's stack map (always-on mode, once
+    /// their events are processed), so it never fills up.
+    pub fn forget_stacks(&mut self, ids: impl IntoIterator<Item = i32>) {
+        let Some(map) = self.ebpf.map_mut("STACKS") else {
+            return;
+        };
+        let Ok(mut stacks) = StackTraceMap::try_from(map) else {
+            return;
+        };
+        for id in ids.into_iter().filter(|&id| id >= 0) {
+            let _ = stacks.remove(&(id as u32));
+        }
+    }
+
     /// Futex waits under the minimum, per address: (address, waits, ns).
     pub fn short_futex_waits(&self) -> Vec<(u64, u64, u64)> {
         let Some(map) = self.ebpf.map("FUTEX_SHORT") else {

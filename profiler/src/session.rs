@@ -504,7 +504,10 @@ impl detectors::cache_line_ping_pong::AddressNames for SymNames<'_> {
 
 /// Where a uprobe on `function` of `binary` goes: (binary, file offset,
 /// `binary:demangled name` for messages).
-fn uprobe_target(binary: &std::path::Path, function: &str) -> anyhow::Result<(PathBuf, u64, String)> {
+pub(crate) fn uprobe_target(
+    binary: &std::path::Path,
+    function: &str,
+) -> anyhow::Result<(PathBuf, u64, String)> {
     let f = symbolizer::functions::find(binary, function)?;
     Ok((
         binary.to_path_buf(),

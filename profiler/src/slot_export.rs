@@ -51,7 +51,7 @@ fn by_thread(f: &Folded) -> BTreeMap<String, u64> {
     m
 }
 
-fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_ns: u64) -> SlotSummary {
+pub(crate) fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_ns: u64) -> SlotSummary {
     let on = by_thread(&p.oncpu);
     let off = by_thread(&p.offcpu);
     let mut threads: Vec<ThreadTime> = on
@@ -236,7 +236,8 @@ fn escape(s: &str) -> String {
 
 /// One static, offline page: a sortable table of slots with links to each
 /// slot's flamegraphs.
-pub fn index_html(slots: &[SlotSummary], findings: &[Finding]) -> String {
+pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings: &[Finding]) -> String {
+    let mut count = 0;
     let mut found = String::new();
     for f in findings {
         let _ = writeln!(
@@ -251,6 +252,7 @@ pub fn index_html(slots: &[SlotSummary], findings: &[Finding]) -> String {
     }
     let mut rows = String::new();
     for s in slots {
+        count += 1;
         let top: Vec<String> = s
             .threads
             .iter()
@@ -318,7 +320,7 @@ document.querySelectorAll("#slots th").forEach(function (th, col) {{
 </script>
 </body></html>
 "##,
-        count = slots.len(),
+        count = count,
         nfindings = findings.len(),
     )
 }

@@ -190,18 +190,6 @@ fn index_html_renders_in_chromium_and_sorts() {
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
 
-/// A free loopback port whose successor is free too (HTTP + websocket).
-fn free_port_pair() -> u16 {
-    for _ in 0..50 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-    panic!("no free port pair on loopback");
-}
-
 /// Leader windows the fixture's schedule gives for the program's slots
 /// (it leads the first 4 of every 8 slots of the epoch).
 fn expected_windows(truth: &serde_json::Value) -> Vec<String> {

@@ -106,6 +106,13 @@ pub fn start(config: &ProbeConfig) -> RunningProbe {
 }
 
 impl RunningProbe {
+    /// The windows taken since the last call, by time (the probe runs on).
+    pub fn take(&self) -> Vec<Window> {
+        let mut w = std::mem::take(&mut *self.windows.lock().unwrap());
+        w.sort_by_key(|w| w.ts_ns);
+        w
+    }
+
     /// Stops the threads and returns every window, by time.
     pub fn stop(self) -> Vec<Window> {
         self.stop.store(true, Ordering::Relaxed);

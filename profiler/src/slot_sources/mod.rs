@@ -35,6 +35,21 @@ pub struct SlotLog {
 pub type SharedSlotLog = Arc<Mutex<SlotLog>>;
 
 impl SlotLog {
+    /// Forgets slot starts and marks before `ts_ns` (always-on mode), but
+    /// keeps the last `keep` of each: they measure the slot length.
+    pub fn forget_before(&mut self, ts_ns: u64, keep: usize) {
+        fn trim(v: &mut Vec<(u64, u64)>, at: impl Fn(&(u64, u64)) -> u64, ts_ns: u64, keep: usize) {
+            let old = v.iter().filter(|e| at(e) < ts_ns).count();
+            let drop = old.min(v.len().saturating_sub(keep));
+            if drop > 0 {
+                v.sort_unstable_by_key(&at);
+                v.drain(..drop);
+            }
+        }
+        trim(&mut self.starts, |e| e.1, ts_ns, keep);
+        trim(&mut self.marks, |e| e.0, ts_ns, keep);
+    }
+
     /// Whether this node leads `slot`, per the schedules fetched.
     pub fn is_leader(&self, slot: u64) -> bool {
         self.epochs.iter().any(|e| {

@@ -12,6 +12,11 @@
 //!   4/8): this node leads the first K of every M slots of the epoch;
 //!   `--rpc-stop-after N`: stop answering after N slots.
 //!
+//! `--lock-stall-every K` (default 0: never), `--lock-stall-ms M` (default
+//!   30): in every K-th slot (slot number % K == K - 1) the bank loop waits
+//!   M ms for a mutex that a `bank-lock-holder` thread holds (a real
+//!   futex wait: LockContention's ground truth, listed in the report).
+//!
 //! Each slot starts with a call to `synthetic_validator_start_slot(slot)`,
 //! an exported, never-inlined function: the place a uprobe slot source
 //! hooks, like `PohRecorder::set_bank` in Agave.
@@ -58,6 +63,12 @@ fn heavy_slot_work(d: Duration) -> u64 {
     black_box(burn(d, 2))
 }
 
+/// Waits for the bank mutex while the holder thread has it.
+#[inline(never)]
+fn wait_for_bank(bank: &std::sync::Mutex<u64>) -> u64 {
+    *black_box(bank.lock().unwrap())
+}
+
 fn sleep_until(t_ns: u64) {
     let now = monotonic_ns();
     if t_ns > now {
@@ -91,6 +102,24 @@ fn main() {
         RpcFixture::start(p.parse().expect("--rpc-port"), chain, first.saturating_sub(1))
             .expect("start the RPC fixture")
     });
+    let stall_every = flags.num("lock-stall-every", 0.0) as u64;
+    let stall = Duration::from_secs_f64(flags.num("lock-stall-ms", 30.0) / 1e3);
+    let bank = std::sync::Arc::new(std::sync::Mutex::new(0u64));
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    let (taken_tx, taken_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let bank = bank.clone();
+        std::thread::spawn(move || {
+            name_thread("bank-lock-holder");
+            while hold_rx.recv().is_ok() {
+                let mut g = bank.lock().unwrap();
+                taken_tx.send(()).unwrap();
+                std::thread::sleep(stall);
+                *g += 1;
+            }
+        });
+    }
+    let mut stalls = Vec::new();
     name_thread("bank-loop");
 
     let mut report = Vec::new();
@@ -110,6 +139,12 @@ fn main() {
         if heavy {
             heavy_slot_work(Duration::from_nanos(slot_ns / 2));
         }
+        if stall_every > 0 && (first + n) % stall_every == stall_every - 1 {
+            hold_tx.send(()).unwrap();
+            taken_rx.recv().unwrap();
+            wait_for_bank(&bank);
+            stalls.push((first + n).to_string());
+        }
         report.push(format!(
             "{{\"slot\":{},\"start_ns\":{start},\"began_ns\":{began},\"end_ns\":{},\"heavy\":{heavy}}}",
             first + n,
@@ -120,9 +155,10 @@ fn main() {
     write_report(
         &flags,
         &format!(
-            "{{\"pid\":{},\"slot_ns\":{slot_ns},\"origin_ns\":{origin},\"slots\":[{}]}}",
+            "{{\"pid\":{},\"slot_ns\":{slot_ns},\"origin_ns\":{origin},\"slots\":[{}],\"lock_stalls\":[{}]}}",
             std::process::id(),
-            report.join(",")
+            report.join(","),
+            stalls.join(",")
         ),
     );
 }

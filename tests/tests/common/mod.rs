@@ -238,3 +238,15 @@ pub fn findings(out: &Path, kind: &str) -> Vec<serde_json::Value> {
         .cloned()
         .collect()
 }
+
+/// A free loopback port whose successor is free too (HTTP + websocket).
+pub fn free_port_pair() -> u16 {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port pair on loopback");
+}

@@ -1,0 +1,663 @@
+//! The export directory of `slotprof run`: per-slot directories written
+//! whole (a temporary directory, then a rename), leader windows, hourly
+//! profiles, summary lines, the index; retention by bytes and by age
+//! (oldest first) and a free-space floor below which nothing is written.
+//!
+//! Layout under the export directory:
+//! - `slots/<n>/`: oncpu/offcpu .folded and .svg, profile.pb.gz, slot.json
+//!   (slots with findings and leader slots, per `export.full`);
+//! - `windows/<first>/`: a leader window's four slots together;
+//! - `hours/<YYYY-MM-DDTHH>/`: that hour's profiles (every slot) and
+//!   slots.jsonl, one summary line per slot (every slot, exported or not);
+//! - `findings.json` (the most recent findings), `index.html`.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    io::Write,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::Context;
+use flamegraphs::{pprof::ProfileMeta, Folded};
+
+use crate::{
+    aggregate::Profiles,
+    config::{Config, FullExport},
+    detectors::Finding,
+    output::write_atomic,
+    report::write_profiles,
+    slot_export::{index_html, summarize, SlotSummary},
+    slots::Slot,
+};
+
+/// Findings kept for findings.json and the index.
+const RECENT_FINDINGS: usize = 10_000;
+/// Fully exported slots listed in the index.
+const RECENT_SLOTS: usize = 2_000;
+/// How often the index, findings.json and the current hour are rewritten.
+const REWRITE_EVERY: Duration = Duration::from_secs(5);
+const HOUR_REWRITE_EVERY: Duration = Duration::from_secs(300);
+
+/// One retained export entry (a directory), oldest first in the ledger.
+#[derive(Debug)]
+struct Entry {
+    path: PathBuf,
+    bytes: u64,
+    created: SystemTime,
+}
+
+/// The current hour's aggregate.
+struct Hour {
+    name: String,
+    oncpu: Folded,
+    offcpu: Folded,
+    lines: Vec<String>,
+    last_write: Option<std::time::Instant>,
+}
+
+pub struct Exporter {
+    dir: PathBuf,
+    policy: FullExport,
+    hourly: bool,
+    retention_bytes: u64,
+    retention_age: Duration,
+    floor: u64,
+    ledger: VecDeque<Entry>,
+    /// Bytes of the ledger's entries.
+    total: u64,
+    /// Bytes of findings.json and index.html.
+    root_bytes: u64,
+    /// Below the free-space floor now.
+    paused: bool,
+    /// Slots not written for want of space.
+    pub skipped_low_space: u64,
+    /// Entries removed by retention.
+    pub removed: u64,
+    recent: VecDeque<SlotSummary>,
+    findings: VecDeque<Finding>,
+    dirty: bool,
+    last_rewrite: Option<std::time::Instant>,
+    windows: BTreeMap<u64, (Vec<Slot>, Profiles)>,
+    hour: Option<Hour>,
+    /// CLOCK_MONOTONIC to wall clock, in ns.
+    mono_to_unix: i128,
+}
+
+/// How a slot was exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exported {
+    Full,
+    Summary,
+    /// Below the free-space floor: counted, not written.
+    Skipped,
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    };
+    rd.filter_map(Result::ok)
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                dir_bytes(&p)
+            } else {
+                e.metadata().map(|m| m.len()).unwrap_or(0)
+            }
+        })
+        .sum()
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `p`.
+pub fn free_bytes(p: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a zeroed statvfs to fill.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0).then(|| s.f_bavail * s.f_frsize)
+}
+
+fn human(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// `YYYY-MM-DDTHH` (UTC) of a Unix time.
+fn hour_name(unix_s: i64) -> String {
+    let days = unix_s.div_euclid(86_400);
+    let hour = unix_s.rem_euclid(86_400) / 3600;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{hour:02}")
+}
+
+impl Exporter {
+    /// Opens (creating) the export directory, removes what a crash left
+    /// half-written, and takes stock of what is there for retention.
+    pub fn open(config: &Config) -> anyhow::Result<Self> {
+        let dir = config.export_dir.clone();
+        for sub in ["slots", "windows", "hours"] {
+            std::fs::create_dir_all(dir.join(sub)).with_context(|| {
+                format!(
+                    "cannot create the export directory {} (set export.dir to a writable place)",
+                    dir.join(sub).display()
+                )
+            })?;
+        }
+        let mut found = Vec::new();
+        for sub in ["slots", "windows", "hours"] {
+            for e in std::fs::read_dir(dir.join(sub))?.filter_map(Result::ok) {
+                let p = e.path();
+                if e.file_name().to_string_lossy().starts_with('.') {
+                    let _ = std::fs::remove_dir_all(&p);
+                    continue;
+                }
+                let created = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::now());
+                found.push(Entry {
+                    bytes: dir_bytes(&p),
+                    path: p,
+                    created,
+                });
+            }
+        }
+        found.sort_by_key(|e| e.created);
+        let total = found.iter().map(|e| e.bytes).sum();
+        let unix = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as i128;
+        let mut me = Self {
+            dir,
+            policy: config.full_export,
+            hourly: config.hourly_profiles,
+            retention_bytes: config.retention_bytes,
+            retention_age: config.retention_age,
+            floor: config.free_space_floor,
+            ledger: found.into(),
+            total,
+            root_bytes: ["findings.json", "index.html"]
+                .iter()
+                .filter_map(|f| std::fs::metadata(config.export_dir.join(f)).ok())
+                .map(|m| m.len())
+                .sum(),
+            paused: false,
+            skipped_low_space: 0,
+            removed: 0,
+            recent: VecDeque::new(),
+            findings: VecDeque::new(),
+            dirty: true,
+            last_rewrite: None,
+            windows: BTreeMap::new(),
+            hour: None,
+            mono_to_unix: unix - crate::slots::monotonic_ns() as i128,
+        };
+        me.enforce_retention(None);
+        Ok(me)
+    }
+
+    /// Takes a reloaded configuration's export policy (the directory stays).
+    pub fn reconfigure(&mut self, config: &Config) {
+        if config.export_dir != self.dir {
+            eprintln!(
+                "slotprof: warning: export.dir changed to {}; it takes effect when slotprof restarts",
+                config.export_dir.display()
+            );
+        }
+        self.policy = config.full_export;
+        self.hourly = config.hourly_profiles;
+        self.retention_bytes = config.retention_bytes;
+        self.retention_age = config.retention_age;
+        self.floor = config.free_space_floor;
+        self.enforce_retention(None);
+    }
+
+    /// Bytes the export holds.
+    pub fn bytes(&self) -> u64 {
+        self.total + self.root_bytes
+    }
+
+    /// Whether there is room to write; says so when that changes.
+    fn room(&mut self) -> bool {
+        let free = free_bytes(&self.dir).unwrap_or(u64::MAX);
+        let ok = free >= self.floor;
+        if ok == self.paused {
+            if ok {
+                eprintln!(
+                    "slotprof: export resumed: {} free on the export file system (floor {})",
+                    human(free),
+                    human(self.floor)
+                );
+            } else {
+                eprintln!(
+                    "slotprof: warning: export paused: only {} free on the file system of {} (floor {}, \
+                     export.free_space_floor); slots are still counted and /metrics stays up; free space \
+                     or lower export.retention_bytes",
+                    human(free),
+                    self.dir.display(),
+                    human(self.floor)
+                );
+            }
+            self.paused = !ok;
+        }
+        ok
+    }
+
+    fn record(&mut self, path: PathBuf) {
+        let bytes = dir_bytes(&path);
+        self.total += bytes;
+        self.ledger.push_back(Entry {
+            path,
+            bytes,
+            created: SystemTime::now(),
+        });
+    }
+
+    /// Removes the oldest entries while the export (with its root files)
+    /// is over its byte cap, and every entry older than the age limit;
+    /// never `keep` nor the current hour's directory.
+    fn enforce_retention(&mut self, keep: Option<&Path>) {
+        self.make_room(keep, 0);
+    }
+
+    /// [`Self::enforce_retention`] leaving `headroom` bytes under the cap
+    /// for what is about to be written.
+    fn make_room(&mut self, keep: Option<&Path>, headroom: u64) {
+        let now = SystemTime::now();
+        let hour = self.hour.as_ref().map(|h| self.dir.join("hours").join(&h.name));
+        let mut i = 0;
+        while i < self.ledger.len() {
+            let e = &self.ledger[i];
+            let too_old = now.duration_since(e.created).unwrap_or_default() > self.retention_age;
+            if !too_old && self.total + self.root_bytes + headroom <= self.retention_bytes {
+                break; // under the cap, and younger entries follow
+            }
+            if Some(e.path.as_path()) == keep || Some(&e.path) == hour.as_ref() {
+                i += 1;
+                continue;
+            }
+            let e = self.ledger.remove(i).unwrap();
+            let _ = std::fs::remove_dir_all(&e.path);
+            self.total = self.total.saturating_sub(e.bytes);
+            self.removed += 1;
+            self.dirty = true;
+        }
+    }
+
+    /// Writes `dir` whole: profiles and `json` into a hidden temporary
+    /// directory beside it, then one rename.
+    fn write_dir(
+        dir: &Path,
+        p: &Profiles,
+        meta: &ProfileMeta,
+        subtitle: &str,
+        json: (&str, &[u8]),
+    ) -> anyhow::Result<()> {
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("x");
+        let tmp = parent.join(format!(".{name}.tmp"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let result = (|| {
+            write_profiles(&tmp, p, meta, subtitle)?;
+            write_atomic(&tmp.join(json.0), json.1)?;
+            if dir.exists() {
+                std::fs::remove_dir_all(dir)?;
+            }
+            std::fs::rename(&tmp, dir)?;
+            anyhow::Ok(())
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result.with_context(|| format!("cannot write {}", dir.display()))
+    }
+
+    /// Exports one processed slot: in full or as a summary line, by policy.
+    pub fn slot(
+        &mut self,
+        slot: &Slot,
+        p: &Profiles,
+        findings: &[Finding],
+        phase: Option<&'static str>,
+        meta: &ProfileMeta,
+        period_ns: u64,
+    ) -> anyhow::Result<Exported> {
+        let mut summary = summarize(slot, p, findings, period_ns);
+        summary.phase = phase;
+        let full = match self.policy {
+            FullExport::All => true,
+            FullExport::Findings => !summary.findings.is_empty(),
+            FullExport::FindingsAndLeader => !summary.findings.is_empty() || slot.leader,
+        };
+        for f in &summary.findings {
+            if self.findings.len() == RECENT_FINDINGS {
+                self.findings.pop_front();
+            }
+            self.findings.push_back(f.clone());
+            self.dirty = true;
+        }
+        let unix_s = ((slot.start_ns as i128 + self.mono_to_unix) / 1_000_000_000) as i64;
+        self.hour_add(unix_s, p, &summary, meta)?;
+        self.window_add(slot, p, meta)?;
+        if !self.room() {
+            self.skipped_low_space += 1;
+            return Ok(Exported::Skipped);
+        }
+        if !full {
+            return Ok(Exported::Summary);
+        }
+        // Room for a slot like the last one, before writing it.
+        self.make_room(None, self.ledger.back().map_or(0, |e| e.bytes));
+        let dir = self.dir.join("slots").join(slot.number.to_string());
+        let sub = format!(
+            "slot {}{}",
+            slot.number,
+            if slot.leader { " (leader)" } else { "" }
+        );
+        Self::write_dir(
+            &dir,
+            p,
+            meta,
+            &sub,
+            ("slot.json", &serde_json::to_vec_pretty(&summary)?),
+        )?;
+        self.record(dir.clone());
+        if self.recent.len() == RECENT_SLOTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(summary);
+        self.dirty = true;
+        self.enforce_retention(Some(&dir));
+        Ok(Exported::Full)
+    }
+
+    /// Adds a leader slot to its window; writes windows that are complete
+    /// (this slot is past them).
+    fn window_add(&mut self, slot: &Slot, p: &Profiles, meta: &ProfileMeta) -> anyhow::Result<()> {
+        let done: Vec<u64> = self
+            .windows
+            .keys()
+            .copied()
+            .filter(|&w| slot.window != Some(w))
+            .collect();
+        for w in done {
+            self.window_write(w, meta)?;
+        }
+        if let Some(w) = slot.window {
+            let e = self
+                .windows
+                .entry(w)
+                .or_insert_with(|| (Vec::new(), empty_profiles()));
+            e.0.push(slot.clone());
+            e.1.oncpu.merge(&p.oncpu);
+            e.1.offcpu.merge(&p.offcpu);
+            if e.0.len() as u64 == crate::slots::SLOTS_PER_WINDOW {
+                self.window_write(w, meta)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn window_write(&mut self, first: u64, meta: &ProfileMeta) -> anyhow::Result<()> {
+        let Some((slots, p)) = self.windows.remove(&first) else {
+            return Ok(());
+        };
+        if !self.room() {
+            return Ok(());
+        }
+        self.make_room(None, self.ledger.back().map_or(0, |e| e.bytes));
+        let dir = self.dir.join("windows").join(first.to_string());
+        let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
+        let json = serde_json::json!({
+            "first_slot": first,
+            "slots": numbers,
+            "start_ns": slots.first().map(|s| s.start_ns),
+            "end_ns": slots.last().map(|s| s.end_ns),
+            "oncpu_samples": p.oncpu.total(),
+            "offcpu_ms": p.offcpu.total() as f64 / 1e6,
+        });
+        Self::write_dir(
+            &dir,
+            &p,
+            meta,
+            &format!("leader window {numbers:?}"),
+            ("window.json", &serde_json::to_vec_pretty(&json)?),
+        )?;
+        self.record(dir.clone());
+        self.enforce_retention(Some(&dir));
+        Ok(())
+    }
+
+    fn hour_add(
+        &mut self,
+        unix_s: i64,
+        p: &Profiles,
+        summary: &SlotSummary,
+        meta: &ProfileMeta,
+    ) -> anyhow::Result<()> {
+        let name = hour_name(unix_s);
+        if self.hour.as_ref().is_some_and(|h| h.name != name) {
+            self.hour_write(meta)?;
+            self.hour = None;
+        }
+        let h = self.hour.get_or_insert_with(|| Hour {
+            name,
+            oncpu: Folded::new(),
+            offcpu: Folded::new(),
+            lines: Vec::new(),
+            last_write: None,
+        });
+        if self.hourly {
+            h.oncpu.merge(&p.oncpu);
+            h.offcpu.merge(&p.offcpu);
+        }
+        h.lines.push(serde_json::to_string(summary)?);
+        if h.lines.len() >= 64 {
+            self.hour_lines_flush()?;
+        }
+        if self
+            .hour
+            .as_ref()
+            .and_then(|h| h.last_write)
+            .is_none_or(|t| t.elapsed() >= HOUR_REWRITE_EVERY)
+        {
+            self.hour_write(meta)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the hour's pending summary lines to its slots.jsonl (whole
+    /// lines, one write).
+    fn hour_lines_flush(&mut self) -> anyhow::Result<()> {
+        let Some(h) = self.hour.as_mut() else {
+            return Ok(());
+        };
+        if h.lines.is_empty() || self.paused {
+            return Ok(());
+        }
+        let dir = self.dir.join("hours").join(&h.name);
+        let fresh = !dir.exists();
+        std::fs::create_dir_all(&dir)?;
+        let mut text = h.lines.join("\n");
+        text.push('\n');
+        h.lines.clear();
+        let path = dir.join("slots.jsonl");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        f.write_all(text.as_bytes())?;
+        if fresh {
+            self.record(dir);
+        } else if let Some(e) = self.ledger.iter_mut().find(|e| e.path == dir) {
+            e.bytes += text.len() as u64;
+            self.total += text.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// (Re)writes the current hour's profiles.
+    fn hour_write(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
+        self.hour_lines_flush()?;
+        if !self.hourly || self.paused {
+            return Ok(());
+        }
+        let Some(h) = self.hour.as_mut() else {
+            return Ok(());
+        };
+        h.last_write = Some(std::time::Instant::now());
+        let dir = self.dir.join("hours").join(&h.name);
+        let fresh = !dir.exists();
+        let p = Profiles {
+            oncpu: h.oncpu.clone(),
+            offcpu: h.offcpu.clone(),
+            median_user_depth: None,
+        };
+        write_profiles(&dir, &p, meta, &format!("hour {} UTC", h.name))?;
+        let bytes = dir_bytes(&dir);
+        if fresh {
+            self.record(dir);
+        } else if let Some(e) = self.ledger.iter_mut().find(|e| e.path == dir) {
+            self.total = self.total - e.bytes + bytes;
+            e.bytes = bytes;
+        }
+        self.enforce_retention(None);
+        Ok(())
+    }
+
+    /// Rewrites findings.json and index.html when they changed (at most
+    /// every few seconds unless `now`).
+    pub fn refresh(&mut self, now: bool) -> anyhow::Result<()> {
+        if !self.dirty || (!now && self.last_rewrite.is_some_and(|t| t.elapsed() < REWRITE_EVERY)) {
+            return Ok(());
+        }
+        self.last_rewrite = Some(std::time::Instant::now());
+        self.dirty = false;
+        let findings: Vec<Finding> = self.findings.iter().cloned().collect();
+        let findings_json = serde_json::to_vec_pretty(&findings)?;
+        write_atomic(&self.dir.join("findings.json"), &findings_json)?;
+        // Only slots still on disk are listed.
+        let kept: std::collections::HashSet<&Path> = self.ledger.iter().map(|e| e.path.as_path()).collect();
+        let slots_dir = self.dir.join("slots");
+        let listed: Vec<&SlotSummary> = self
+            .recent
+            .iter()
+            .filter(|s| kept.contains(slots_dir.join(s.slot.number.to_string()).as_path()))
+            .collect();
+        let recent_findings: Vec<Finding> = findings.iter().rev().take(500).rev().cloned().collect();
+        let index = index_html(listed, &recent_findings);
+        write_atomic(&self.dir.join("index.html"), index.as_bytes())?;
+        self.root_bytes = (findings_json.len() + index.len()) as u64;
+        self.enforce_retention(None);
+        Ok(())
+    }
+
+    /// Writes everything pending: open windows, the hour, the index.
+    pub fn flush(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
+        let open: Vec<u64> = self.windows.keys().copied().collect();
+        for w in open {
+            self.window_write(w, meta)?;
+        }
+        self.hour_write(meta)?;
+        self.refresh(true)?;
+        if std::env::var_os("SLOTPROF_DEBUG_LEDGER").is_some() {
+            eprintln!(
+                "ledger {} (+{} root) vs disk {}: {:?}",
+                self.total,
+                self.root_bytes,
+                dir_bytes(&self.dir),
+                self.ledger.iter().map(|e| (&e.path, e.bytes)).collect::<Vec<_>>()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn empty_profiles() -> Profiles {
+    Profiles {
+        oncpu: Folded::new(),
+        offcpu: Folded::new(),
+        median_user_depth: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hour_names_are_utc_calendar_hours() {
+        assert_eq!(hour_name(0), "1970-01-01T00");
+        assert_eq!(hour_name(1_796_000_000), "2026-11-30T00");
+        assert_eq!(hour_name(951_782_400 + 3600 * 5), "2000-02-29T05");
+    }
+}
+
+#[cfg(test)]
+mod ledger_tests {
+    use super::*;
+
+    fn du(p: &Path) -> u64 {
+        std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                if e.path().is_dir() {
+                    du(&e.path())
+                } else {
+                    e.metadata().unwrap().len()
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn the_ledger_matches_the_disk_and_the_cap_holds() {
+        let dir = std::env::temp_dir().join(format!("slotprof-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = Config::parse(&format!(
+            "[target]\npid = 1\n[export]\ndir = \"{}\"\nfull = \"all\"\nretention_bytes = \"200KiB\"\n",
+            dir.display()
+        ))
+        .unwrap();
+        let mut e = Exporter::open(&config).unwrap();
+        let meta = ProfileMeta {
+            time_nanos: 0,
+            duration_nanos: 0,
+            period_type: None,
+            period: 1,
+            comments: vec![],
+        };
+        for n in 0..40u64 {
+            let mut p = empty_profiles();
+            for k in 0..200 {
+                p.oncpu
+                    .add(["main", &format!("f{k}"), &format!("g{}", k + n % 3)], 1 + k);
+            }
+            let slot = Slot {
+                number: n,
+                start_ns: n * 400_000_000,
+                end_ns: (n + 1) * 400_000_000,
+                leader: n % 8 < 4,
+                window: (n % 8 < 4).then(|| n - n % 4),
+                aligned: true,
+            };
+            e.slot(&slot, &p, &[], None, &meta, 1).unwrap();
+            e.refresh(true).unwrap();
+            assert_eq!(e.bytes(), du(&dir), "after slot {n}");
+        }
+        e.flush(&meta).unwrap();
+        assert_eq!(e.bytes(), du(&dir), "after the flush");
+        assert!(du(&dir) <= 200 << 10, "{} over the cap", du(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,768 @@
+//! Always-on mode: `slotprof run --config slotprof.toml`.
+//!
+//! The probes stay attached; events are decoded into a pending buffer and,
+//! as each slot ends (plus a short grace for the ring buffer), the events up
+//! to its end go through a fresh aggregator, the detectors and the export
+//! (see [`export`]). Off-CPU intervals that straddle a slot's end are split
+//! there; a thread still off-CPU at the end counts up to it, and the rest of
+//! its interval counts in the next slots. Memory stays flat: nothing older
+//! than the slot being processed is kept but counters, a bounded list of
+//! recent findings and slot summaries, and the current hour's profile.
+//!
+//! SIGTERM/SIGINT: the slots that ended are processed and written, the
+//! hour and the index flushed, the probes detached. SIGHUP: the
+//! configuration is read again; a bad one is refused with the reason and
+//! the running one kept.
+
+pub mod export;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use flamegraphs::pprof::{ProfileMeta, SampleType};
+use profiler_ebpf::{OffCpuInterval, OffCpuStart};
+use symbolizer::Symbolizer;
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+
+use crate::{
+    aggregate::{Aggregator, StackNamer, StackTable},
+    config::{Config, TargetSpec},
+    detectors::{self, DetectorConfig},
+    events::{self, Event},
+    metrics::{self, Snapshot},
+    probes::{ProbeConfig, Probes},
+    slot_sources::{rpc, SharedSlotLog},
+    slots::{monotonic_ns, Slot, SlotSourceSpec, Timeline},
+    target::Target,
+};
+
+/// How long after a slot's end its events are taken as complete.
+const GRACE_NS: u64 = 30_000_000;
+/// How often the ring is drained and finished slots looked for.
+const TICK: Duration = Duration::from_millis(50);
+
+/// `slotprof run`'s command line: the configuration file and overrides.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub config: PathBuf,
+    pub pid: Option<u32>,
+    pub comm: Option<String>,
+    pub export_dir: Option<PathBuf>,
+    /// Stop after this long (tests, trials); default: until SIGTERM.
+    pub duration: Option<Duration>,
+}
+
+fn load(o: &RunOptions) -> anyhow::Result<Config> {
+    let mut c = Config::load(&o.config)?;
+    if let Some(p) = o.pid {
+        c.target = TargetSpec::Pid(p);
+    }
+    if let Some(comm) = &o.comm {
+        c.target = TargetSpec::Comm(comm.clone());
+    }
+    if let Some(d) = &o.export_dir {
+        c.export_dir = d.clone();
+    }
+    Ok(c)
+}
+
+/// Why one attachment ended.
+enum End {
+    Stop,
+    Reload,
+    TargetExited,
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Signals {
+    /// Waits for a signal or the deadline: Stop or Reload.
+    async fn next(&mut self) -> End {
+        let deadline = self.deadline;
+        tokio::select! {
+            _ = self.term.recv() => End::Stop,
+            _ = self.int.recv() => End::Stop,
+            _ = self.hup.recv() => End::Reload,
+            _ = async move {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => End::Stop,
+        }
+    }
+}
+
+/// Runs until SIGTERM/SIGINT (or `--duration`).
+pub async fn run(o: RunOptions) -> anyhow::Result<()> {
+    let mut config = load(&o)?;
+    let mut exporter = export::Exporter::open(&config)?;
+    let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let mut server = start_metrics(&config, &snapshot).await?;
+    let mut signals = Signals {
+        term: tokio::signal::unix::signal(SignalKind::terminate())?,
+        int: tokio::signal::unix::signal(SignalKind::interrupt())?,
+        hup: tokio::signal::unix::signal(SignalKind::hangup())?,
+        deadline: o.duration.map(|d| tokio::time::Instant::now() + d),
+    };
+    let mut lost_before = HashMap::new();
+    let mut waiting_said = false;
+    loop {
+        let end = match find_target(&config.target) {
+            Ok(target) => {
+                waiting_said = false;
+                follow(
+                    &config,
+                    target,
+                    &mut exporter,
+                    &snapshot,
+                    &mut signals,
+                    &mut lost_before,
+                )
+                .await?
+            }
+            Err(why) => {
+                if let TargetSpec::Pid(_) = config.target {
+                    anyhow::bail!("{why}");
+                }
+                if !waiting_said {
+                    eprintln!("slotprof: {why}; waiting for it (checked every second)");
+                    waiting_said = true;
+                }
+                tokio::select! {
+                    e = signals.next() => e,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        match end {
+            End::Stop => break,
+            End::TargetExited => {
+                if let TargetSpec::Pid(p) = config.target {
+                    eprintln!(
+                        "slotprof: pid {p} exited; nothing left to profile (give `comm` to follow restarts)"
+                    );
+                    break;
+                }
+                eprintln!("slotprof: the target exited; waiting for it to start again");
+            }
+            End::Reload => match load(&o) {
+                Ok(new) => {
+                    if new.metrics_listen != config.metrics_listen {
+                        server.abort();
+                        server = start_metrics(&new, &snapshot).await?;
+                    }
+                    exporter.reconfigure(&new);
+                    config = new;
+                    eprintln!("slotprof: configuration reloaded from {}", o.config.display());
+                }
+                Err(e) => eprintln!(
+                    "slotprof: error: the new configuration is refused, the running one stays: {e:#}"
+                ),
+            },
+        }
+    }
+    server.abort();
+    eprintln!(
+        "slotprof: stopped; export in {} ({:.1} MiB)",
+        config.export_dir.display(),
+        exporter.bytes() as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+async fn start_metrics(
+    config: &Config,
+    snapshot: &Arc<Mutex<Snapshot>>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(config.metrics_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} for /metrics (metrics.listen): is another slotprof running? choose \
+                 another port",
+                config.metrics_listen
+            )
+        })?;
+    eprintln!("slotprof: metrics on http://{}/metrics", listener.local_addr()?);
+    Ok(tokio::spawn(metrics::serve(
+        listener,
+        snapshot.clone(),
+        config.export_dir.join("index.html"),
+    )))
+}
+
+/// The process to profile: by pid, or the oldest process with this name
+/// (its main thread's comm, or its executable's file name).
+fn find_target(spec: &TargetSpec) -> Result<Target, String> {
+    match spec {
+        TargetSpec::Pid(p) => Target::from_pid(*p).map_err(|e| format!("{e:#}")),
+        TargetSpec::Comm(c) => {
+            let mut found: Vec<(u64, u32)> = Vec::new();
+            for e in std::fs::read_dir("/proc").map_err(|e| e.to_string())?.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+                let exe_name = exe.as_ref().and_then(|e| e.file_name()).and_then(|n| n.to_str());
+                if (comm.trim_end() != c && exe_name != Some(c.as_str())) || pid == std::process::id() {
+                    continue;
+                }
+                let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(") ")
+                            .and_then(|(_, r)| r.split_whitespace().nth(19)?.parse().ok())
+                    })
+                    .unwrap_or(u64::MAX);
+                found.push((start, pid));
+            }
+            let (_, pid) = found
+                .into_iter()
+                .min()
+                .ok_or_else(|| format!("no process named {c:?} is running (target.comm)"))?;
+            Target::from_pid(pid).map_err(|e| format!("{e:#}"))
+        }
+    }
+}
+
+/// Events waiting for their slot to end, and what was already counted of
+/// intervals still open.
+#[derive(Default)]
+struct Pending {
+    events: Vec<Event>,
+    /// tid -> (start of its open off-CPU interval, counted up to).
+    carried: HashMap<u32, (u64, u64)>,
+    /// The last main-loop mark processed (a gap spanning slots needs it).
+    last_loop_mark: Option<profiler_ebpf::LoopMark>,
+    /// Events that came after their slot was processed (dropped, counted).
+    late: u64,
+    malformed: u64,
+}
+
+impl Pending {
+    /// Moves every event that ended before `b` (clipped at `c`, the end of
+    /// the previous chunk) into `agg`; splits off-CPU intervals at `b`.
+    fn take_until(&mut self, c: u64, b: u64, agg: &mut Aggregator) {
+        let mut keep = Vec::new();
+        if let Some(m) = self.last_loop_mark {
+            agg.loop_marks.push(m);
+        }
+        for ev in std::mem::take(&mut self.events) {
+            let (start, end) = match &ev {
+                Event::Sample(s) => (s.ts_ns, s.ts_ns),
+                Event::UserRegs(r) => (r.ts_ns, r.ts_ns),
+                Event::LoopMark(m) => (m.ts_ns, m.ts_ns),
+                Event::Madvise(m) => (m.start_ns, m.end_ns),
+                Event::FutexWait(f) => (f.start_ns, f.end_ns),
+                Event::OffCpu(o) => (o.start_ns, o.end_ns),
+                Event::SlotMark(_) | Event::Host(_) => continue,
+            };
+            if end >= b {
+                if let Event::OffCpu(o) = ev {
+                    if o.start_ns < b {
+                        let (mut before, mut after) = (o, o);
+                        before.end_ns = b;
+                        after.start_ns = b;
+                        self.count_interval(before, c, agg);
+                        keep.push(Event::OffCpu(after));
+                        continue;
+                    }
+                }
+                keep.push(ev);
+                continue;
+            }
+            if end < c && start < c {
+                self.late += 1;
+                continue;
+            }
+            match ev {
+                Event::OffCpu(o) => self.count_interval(o, c, agg),
+                Event::LoopMark(m) => {
+                    self.last_loop_mark = Some(m);
+                    agg.ingest(&ev);
+                }
+                _ => agg.ingest(&ev),
+            }
+        }
+        self.events = keep;
+    }
+
+    /// Counts an interval from where it was not yet counted.
+    fn count_interval(&mut self, mut o: OffCpuInterval, c: u64, agg: &mut Aggregator) {
+        if let Some(&(start, until)) = self.carried.get(&o.tid) {
+            if start == o.start_ns {
+                o.start_ns = o.start_ns.max(until);
+                if o.end_ns <= until {
+                    return;
+                }
+            }
+        }
+        o.start_ns = o.start_ns.max(c);
+        if o.end_ns > o.start_ns {
+            agg.interval(&o, false);
+        }
+    }
+
+    /// Counts threads still off-CPU at `b` up to `b`.
+    fn count_open(
+        &mut self,
+        open: &[(u32, OffCpuStart)],
+        pid: u32,
+        c: u64,
+        b: u64,
+        min_ns: u64,
+        agg: &mut Aggregator,
+    ) {
+        let open_tids: std::collections::HashSet<u32> = open.iter().map(|(t, _)| *t).collect();
+        self.carried.retain(|tid, _| open_tids.contains(tid));
+        for (tid, s) in open {
+            if s.tgid != pid || s.start_ns >= b || b - s.start_ns < min_ns {
+                continue;
+            }
+            let from = match self.carried.get(tid) {
+                Some(&(start, until)) if start == s.start_ns => until,
+                _ => s.start_ns,
+            }
+            .max(c);
+            if b > from {
+                let comm =
+                    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+                let mut part = *s;
+                part.start_ns = from;
+                agg.still_off_cpu(*tid, &part, b, comm.trim_end());
+            }
+            self.carried.insert(*tid, (s.start_ns, b));
+        }
+    }
+}
+
+/// Slots that ended (with the grace) after `after_ns` and before `now`.
+fn finished_slots(
+    spec: &SlotSourceSpec,
+    log: &SharedSlotLog,
+    origin: u64,
+    after_ns: u64,
+    now: u64,
+) -> Vec<Slot> {
+    let cutoff = now.saturating_sub(GRACE_NS);
+    let timeline = match spec {
+        SlotSourceSpec::Clock {
+            slot,
+            origin_ns,
+            leader,
+        } => Timeline::clock(*slot, origin_ns.unwrap_or(origin), *leader, after_ns, cutoff),
+        SlotSourceSpec::Rpc(_) => log.lock().unwrap().timeline(now),
+        SlotSourceSpec::Uprobe { numbers, .. } => log.lock().unwrap().uprobe_timeline(*numbers, now),
+    };
+    timeline
+        .slots()
+        .iter()
+        .filter(|s| s.start_ns >= after_ns && s.end_ns <= cutoff && s.end_ns < now)
+        .cloned()
+        .collect()
+}
+
+/// Stacks read from the kernel, kept a little after they leave its map.
+#[derive(Default)]
+struct StackCache {
+    stacks: HashMap<i32, (Vec<u64>, u64)>,
+    generation: u64,
+}
+
+impl StackCache {
+    /// The stacks of `ids`: from the kernel (then forgotten there) or from
+    /// the cache.
+    fn table(&mut self, probes: &mut Probes, ids: impl IntoIterator<Item = i32>) -> StackTable {
+        self.generation += 1;
+        let mut table = StackTable::new();
+        let mut read = Vec::new();
+        for id in ids {
+            if let Some(s) = probes.stack(id) {
+                self.stacks.insert(id, (s.clone(), self.generation));
+                read.push(id);
+                table.insert(id, s);
+            } else if let Some((s, used)) = self.stacks.get_mut(&id) {
+                *used = self.generation;
+                table.insert(id, s.clone());
+            }
+        }
+        probes.forget_stacks(read);
+        let g = self.generation;
+        self.stacks.retain(|_, (_, used)| g - *used < 25);
+        table
+    }
+}
+
+/// The guest-side phase probe over the last minute.
+struct Phase {
+    probe: crate::phase::probe::RunningProbe,
+    every: Duration,
+    cpus: Vec<u32>,
+    windows: std::collections::VecDeque<crate::phase::probe::Window>,
+    strongest: Option<crate::phase::analysis::CpuPhases>,
+    analysed: Option<Instant>,
+}
+
+impl Phase {
+    fn of(&mut self, ts: u64) -> Option<&'static str> {
+        let new = self.probe.take();
+        self.windows.extend(new);
+        let horizon = monotonic_ns().saturating_sub(60_000_000_000);
+        while self.windows.front().is_some_and(|w| w.ts_ns < horizon) {
+            self.windows.pop_front();
+        }
+        if self
+            .analysed
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            self.analysed = Some(Instant::now());
+            let w: Vec<_> = self.windows.iter().cloned().collect();
+            self.strongest = self
+                .cpus
+                .iter()
+                .filter_map(|&cpu| crate::phase::analysis::analyze_cpu(cpu, &w, self.every))
+                .max_by(|a, b| a.slowdown.total_cmp(&b.slowdown));
+        }
+        let p = self.strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
+        crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
+    }
+}
+
+/// Profiles one process until it exits, a signal, or the deadline.
+async fn follow(
+    config: &Config,
+    target: Target,
+    exporter: &mut export::Exporter,
+    snapshot: &Arc<Mutex<Snapshot>>,
+    signals: &mut Signals,
+    lost_before: &mut HashMap<String, u64>,
+) -> anyhow::Result<End> {
+    let slot_source = config.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
+        slot: Duration::from_millis(400),
+        origin_ns: None,
+        leader: None,
+    });
+    let slot_log = SharedSlotLog::default();
+    let source_task = match &slot_source {
+        SlotSourceSpec::Rpc(ep) | SlotSourceSpec::Uprobe { rpc: Some(ep), .. } => {
+            Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone())))
+        }
+        _ => None,
+    };
+    let loop_uprobe = match (&config.loop_symbol, &target.exe) {
+        (Some(f), Some(exe)) => Some(crate::session::uprobe_target(exe, f)?),
+        (Some(_), None) => anyhow::bail!(
+            "detectors.loop_symbol: cannot find the executable of pid {}",
+            target.pid
+        ),
+        _ => None,
+    };
+    let slot_uprobe = match &slot_source {
+        SlotSourceSpec::Uprobe { binary, function, .. } => {
+            Some(crate::session::uprobe_target(binary, function)?)
+        }
+        _ => None,
+    };
+    let mut probes = Probes::load(&ProbeConfig {
+        tgid: target.pid,
+        min_offcpu: config.min_offcpu,
+        freq_hz: config.frequency_hz,
+        probe_stats: false,
+        slot_uprobe,
+        loop_uprobe,
+        detector_probes: true,
+    })?;
+    for p in probes.status.iter().filter(|p| !p.attached) {
+        eprintln!(
+            "slotprof: warning: {} on {} did not attach ({}); profiling without it",
+            p.program,
+            p.event,
+            p.error.as_deref().unwrap_or("unknown error")
+        );
+    }
+    let ring = probes.take_events()?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
+    // owns the ring buffer.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    let origin = monotonic_ns();
+    eprintln!(
+        "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
+        target.comm,
+        target.pid,
+        config.frequency_hz,
+        config.export_dir.display()
+    );
+    let mut sym = Symbolizer::new();
+    sym.track_process(target.pid).with_context(|| {
+        format!(
+            "cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)",
+            target.pid
+        )
+    })?;
+    let mut phase = config.phase_probe.as_ref().map(|c| {
+        let cpus = c.cpus.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/sys/devices/system/cpu/online")
+                .ok()
+                .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
+                .unwrap_or_default()
+        });
+        let pc = crate::phase::probe::ProbeConfig {
+            cpus: cpus.clone(),
+            every: c.every,
+            burst: c.burst,
+        };
+        Phase {
+            probe: crate::phase::probe::start(&pc),
+            every: c.every,
+            cpus,
+            windows: Default::default(),
+            strongest: None,
+            analysed: None,
+        }
+    });
+    let detector_config = DetectorConfig {
+        loop_thread: config.loop_thread.clone(),
+        gap_threshold_ns: config.gap_threshold.as_nanos() as u64,
+        hot_threads: config.hot_threads.clone(),
+        purge_threshold_ns: config.purge_threshold.as_nanos() as u64,
+        lock_threshold_ns: config.lock_threshold.as_nanos() as u64,
+        sample_period_ns: 1_000_000_000 / config.frequency_hz.max(1),
+        topology: None,
+        pingpong_threshold: config.pingpong_threshold,
+    };
+    let mut pending = Pending::default();
+    let mut stacks = StackCache::default();
+    let mut processed_until = origin;
+    let mut tick = tokio::time::interval(TICK);
+    let mut ticks = 0u64;
+    let mut chunk = Chunk {
+        config,
+        detector_config: &detector_config,
+        target: &target,
+        exporter,
+        snapshot,
+    };
+    let end = loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                drain(guard.get_inner_mut(), &mut pending, &slot_log);
+                guard.clear_ready();
+            }
+            e = signals.next() => break e,
+            _ = tick.tick() => {
+                ticks += 1;
+                let alive = target.is_alive();
+                if ticks.is_multiple_of(20) {
+                    let _ = sym.track_process(target.pid);
+                }
+                drain(ring.get_mut(), &mut pending, &slot_log);
+                let now = monotonic_ns();
+                let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
+                if !done.is_empty() {
+                    processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
+                    slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
+                }
+                chunk.exporter.refresh(false)?;
+                update_lost(snapshot, &probes, &pending, lost_before, false);
+                if !alive {
+                    break End::TargetExited;
+                }
+            }
+        }
+    };
+    // What ended before now is written; the slot in progress is not (it
+    // would be a partial slot).
+    drain(ring.get_mut(), &mut pending, &slot_log);
+    let now = monotonic_ns() + GRACE_NS;
+    let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
+    if !done.is_empty() {
+        chunk.process(
+            &done,
+            processed_until,
+            &mut pending,
+            &mut probes,
+            &mut stacks,
+            &mut sym,
+            phase.as_mut(),
+        )?;
+    }
+    update_lost(snapshot, &probes, &pending, lost_before, true);
+    if let Some(t) = source_task {
+        t.abort();
+    }
+    if let Some(p) = phase {
+        p.probe.stop();
+    }
+    drop(ring);
+    drop(probes);
+    chunk.exporter.flush(&meta(&target, config))?;
+    Ok(end)
+}
+
+fn meta(target: &Target, config: &Config) -> ProfileMeta {
+    ProfileMeta {
+        time_nanos: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as i64,
+        duration_nanos: 0,
+        period_type: Some(SampleType::new("cpu", "nanoseconds")),
+        period: (1_000_000_000 / config.frequency_hz.max(1)) as i64,
+        comments: vec![format!(
+            "{} (pid {}), always-on at {} Hz, slotprof {}",
+            target.comm,
+            target.pid,
+            config.frequency_hz,
+            crate::VERSION
+        )],
+    }
+}
+
+/// Lost events so far: earlier attachments' plus this one's.
+fn update_lost(
+    snapshot: &Arc<Mutex<Snapshot>>,
+    probes: &Probes,
+    pending: &Pending,
+    before: &mut HashMap<String, u64>,
+    last: bool,
+) {
+    let Ok(c) = probes.counters() else { return };
+    let now = [
+        ("ring_buffer_full", c.ring_full),
+        ("stacks", c.stack_lost),
+        ("offcpu_map_full", c.offcpu_start_lost),
+        ("syscall_map_full", c.syscall_start_lost),
+        ("malformed", pending.malformed),
+        ("late", pending.late),
+    ];
+    let mut s = snapshot.lock().unwrap();
+    for (k, v) in now {
+        s.lost
+            .insert(k.to_string(), before.get(k).copied().unwrap_or(0) + v);
+    }
+    if last {
+        for (k, v) in now {
+            *before.entry(k.to_string()).or_default() += v;
+        }
+    }
+}
+
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pending: &mut Pending, slot_log: &SharedSlotLog) {
+    while let Some(item) = ring.next() {
+        match events::decode(&item) {
+            Some(Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
+            Some(e) => pending.events.push(e),
+            None => pending.malformed += 1,
+        }
+    }
+}
+
+/// What processing a run of finished slots needs.
+struct Chunk<'a> {
+    config: &'a Config,
+    detector_config: &'a DetectorConfig,
+    target: &'a Target,
+    exporter: &'a mut export::Exporter,
+    snapshot: &'a Arc<Mutex<Snapshot>>,
+}
+
+impl Chunk<'_> {
+    /// Aggregates, detects and exports `slots` (consecutive, finished);
+    /// returns the end of the last.
+    #[allow(clippy::too_many_arguments)]
+    fn process(
+        &mut self,
+        slots: &[Slot],
+        from: u64,
+        pending: &mut Pending,
+        probes: &mut Probes,
+        stacks: &mut StackCache,
+        sym: &mut Symbolizer,
+        mut phase: Option<&mut Phase>,
+    ) -> anyhow::Result<u64> {
+        // Events between `from` and the first slot (before the slot source
+        // gave one) fall outside every slot: aggregated, never exported.
+        let c = from;
+        let b = slots.last().unwrap().end_ns;
+        let mut agg = Aggregator::new();
+        pending.take_until(c, b, &mut agg);
+        pending.count_open(
+            &probes.in_flight_offcpu(),
+            self.target.pid,
+            c,
+            b,
+            self.config.min_offcpu.as_nanos() as u64,
+            &mut agg,
+        );
+        let table = stacks.table(probes, agg.stack_ids());
+        let timeline = Timeline::new(slots.to_vec());
+        let per_slot = agg.resolve_slots(&timeline, &table, sym);
+        let thread_names = agg.thread_names();
+        let short_futex = probes.short_futex_waits();
+        let inputs = detectors::Inputs {
+            pid: self.target.pid,
+            samples: agg.samples(),
+            intervals: agg.intervals(),
+            madvise: &agg.madvise_log,
+            futex: &agg.futex_log,
+            loop_marks: &agg.loop_marks,
+            short_futex: &short_futex,
+            thread_names: &thread_names,
+        };
+        let buckets = detectors::Buckets::new(Some(&timeline), c);
+        let findings = {
+            let mut namer = StackNamer::new(&table, sym);
+            detectors::run_all(
+                &inputs,
+                self.detector_config,
+                &buckets,
+                &mut |tgid, id, kernel| namer.part(tgid, id, kernel),
+            )
+        };
+        // A finding that began before these slots (a gap across the
+        // boundary) belongs to the first of them.
+        let mut findings = findings;
+        for f in findings.iter_mut().filter(|f| f.slot.is_none()) {
+            f.slot = Some(
+                timeline
+                    .slot_at(f.start_ns)
+                    .map_or(slots[0].number, |i| slots[i].number),
+            );
+        }
+        let meta = meta(self.target, self.config);
+        let period_ns = 1_000_000_000 / self.config.frequency_hz.max(1);
+        self.snapshot.lock().unwrap().samples += agg.samples;
+        for (slot, p) in slots.iter().zip(&per_slot) {
+            let phase = phase
+                .as_deref_mut()
+                .and_then(|ph| ph.of(slot.start_ns + slot.duration_ns() / 2));
+            let how = self.exporter.slot(slot, p, &findings, phase, &meta, period_ns)?;
+            let mut s = self.snapshot.lock().unwrap();
+            for f in findings.iter().filter(|f| f.slot == Some(slot.number)) {
+                *s.findings.entry(f.kind.to_string()).or_default() += 1;
+            }
+            s.slot_durations.observe(slot.duration_ns() as f64 / 1e9);
+            match how {
+                export::Exported::Full => s.slots_exported += 1,
+                export::Exported::Summary => s.slots_summarised += 1,
+                export::Exported::Skipped => s.slots_skipped += 1,
+            }
+            s.export_bytes = self.exporter.bytes();
+        }
+        Ok(b)
+    }
+}

@@ -1,0 +1,448 @@
+//! `slotprof run` (always-on mode) against the synthetic validator over
+//! its RPC fixture: per-slot directories within one slot of each slot's
+//! end, LockContention findings in the slots the program stalled, metrics a
+//! real Prometheus parser reads and that match findings.json, retention
+//! under its cap, and a clean SIGTERM (nothing left loaded, no partial
+//! files).
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{Read, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use slotprof_tests::monotonic_ns;
+
+/// A `slotprof run` child, killed if a test fails before it is stopped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Daemon {
+    fn start(config: &Path) -> Self {
+        let child = Command::new(slotprof())
+            .args(["run", "--config", config.to_str().unwrap()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start slotprof run");
+        Self(child)
+    }
+
+    /// SIGTERM, then the exit status and everything it said.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "slotprof run did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        self.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        eprintln!("--- slotprof run said\n{err}");
+        (status, err)
+    }
+}
+
+fn write_config(dir: &Path, body: &str) -> PathBuf {
+    let p = dir.join("slotprof.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET http://127.0.0.1:port/path, the body.
+fn http_get(port: u16, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// Every file or directory under `dir` whose name marks it temporary.
+fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with('.') || name.contains(".tmp") {
+            out.push(p.clone());
+        }
+        if p.is_dir() {
+            out.extend(leftovers(&p));
+        }
+    }
+    out
+}
+
+fn du(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                du(&p)
+            } else {
+                e.metadata().map(|m| m.len()).unwrap_or(0)
+            }
+        })
+        .sum()
+}
+
+fn start_validator(dir: &Path, port: u16, slots: u32, extra: &[&str]) -> Child {
+    // The first slot starts 3 s from now: slotprof is attached by then.
+    let origin = (monotonic_ns() + 3_000_000_000).to_string();
+    let mut args = vec![
+        "--rpc-port".to_string(),
+        port.to_string(),
+        "--first-slot".into(),
+        "345600102".into(),
+        "--slots".into(),
+        slots.to_string(),
+        "--origin-ns".into(),
+        origin,
+        "--report".into(),
+        dir.join("truth.json").to_str().unwrap().into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Command::new(stall_program("synthetic-validator"))
+        .args(&args)
+        .spawn()
+        .expect("start synthetic-validator")
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("run");
+    let export = dir.join("export");
+    let (rpc, metrics) = (free_port_pair(), free_port());
+    let config = write_config(
+        &dir,
+        &format!(
+            r#"
+[target]
+comm = "synthetic-validator"
+[slots]
+source = "rpc=http://127.0.0.1:{rpc}"
+[export]
+dir = "{}"
+full = "findings-and-leader"
+[metrics]
+listen = "127.0.0.1:{metrics}"
+[phase_probe]
+enabled = false
+"#,
+            export.display()
+        ),
+    );
+    let mut validator = start_validator(
+        &dir,
+        rpc,
+        30,
+        &["--lock-stall-every", "5", "--lock-stall-ms", "30"],
+    );
+    let daemon = Daemon::start(&config);
+    // When each slot directory first appeared (CLOCK_MONOTONIC).
+    let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut pre_scrape = None;
+    while validator.try_wait().unwrap().is_none() {
+        for name in std::fs::read_dir(export.join("slots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(n) = name.file_name().to_string_lossy().parse::<u64>() {
+                seen.entry(n).or_insert_with(monotonic_ns);
+            }
+        }
+        if pre_scrape.is_none() && seen.len() >= 8 {
+            // /metrics while it runs: it must parse.
+            pre_scrape = Some(http_get(metrics, "/metrics"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let truth = read_json(&dir.join("truth.json"));
+    // The target is gone; slotprof waits for it to come back, with every
+    // finished slot written and /metrics still up.
+    std::thread::sleep(Duration::from_millis(1500));
+    let scrape_text = http_get(metrics, "/metrics");
+    let index = http_get(metrics, "/");
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "slotprof run exited with {status}");
+
+    let slot_ns = truth["slot_ns"].as_u64().unwrap();
+    let stalls: Vec<u64> = truth["lock_stalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let slots: Vec<&serde_json::Value> = truth["slots"].as_array().unwrap().iter().collect();
+    let leader = |n: u64| (n - 345_600_000) % 8 < 4;
+    // Exported in full: leader slots and slots with findings; the rest are
+    // summary lines.
+    let (mut late, mut with_lock, mut checked) = (Vec::new(), 0, 0);
+    let mut delays_ms = Vec::new();
+    // The last slot never ends as far as the RPC can tell (no next slot).
+    for s in &slots[..slots.len() - 1] {
+        let n = s["slot"].as_u64().unwrap();
+        let end = s["end_ns"].as_u64().unwrap();
+        let d = export.join("slots").join(n.to_string());
+        let stalled = stalls.contains(&n);
+        if !(leader(n) || stalled) {
+            continue;
+        }
+        checked += 1;
+        assert!(
+            d.join("slot.json").is_file(),
+            "slot {n} (leader {}, stalled {stalled}) was not exported",
+            leader(n)
+        );
+        if let Some(&t) = seen.get(&n) {
+            delays_ms.push(t.saturating_sub(end) as f64 / 1e6);
+            if t > end + slot_ns {
+                late.push((n, (t - end) as f64 / 1e6));
+            }
+        }
+        if stalled {
+            let sj = read_json(&d.join("slot.json"));
+            if sj["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["kind"] == "LockContention" && f["thread"] == "bank-loop")
+            {
+                with_lock += 1;
+            }
+        }
+    }
+    delays_ms.sort_by(f64::total_cmp);
+    eprintln!(
+        "{checked} slots exported in full; {} seen while running, {:.0} ms (median) and {:.0} ms (max) after \
+         the slot's end; late (over one slot): {late:?}; LockContention in {with_lock} of {} stalled slots",
+        seen.len(),
+        delays_ms.get(delays_ms.len() / 2).copied().unwrap_or(0.0),
+        delays_ms.last().copied().unwrap_or(0.0),
+        stalls.len()
+    );
+    assert!(
+        seen.len() >= 10,
+        "only {} slot directories appeared while the validator ran",
+        seen.len()
+    );
+    // Within one slot of the slot's end, generously: all but one.
+    assert!(
+        late.len() <= 1,
+        "slots exported more than one slot after they ended: {late:?}"
+    );
+    assert!(
+        with_lock as f64 >= 0.8 * stalls.len() as f64 && !stalls.is_empty(),
+        "LockContention in {with_lock} of {} stalled slots",
+        stalls.len()
+    );
+    // Every other slot left one summary line.
+    let mut lines = HashMap::new();
+    for h in std::fs::read_dir(export.join("hours")).unwrap().flatten() {
+        for l in std::fs::read_to_string(h.path().join("slots.jsonl"))
+            .unwrap_or_default()
+            .lines()
+        {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a whole JSON line");
+            lines.insert(v["number"].as_u64().unwrap(), v);
+        }
+    }
+    let quiet: Vec<u64> = slots[..slots.len() - 1]
+        .iter()
+        .map(|s| s["slot"].as_u64().unwrap())
+        .filter(|&n| !leader(n) && !stalls.contains(&n))
+        .collect();
+    let summarised = quiet.iter().filter(|n| lines.contains_key(n)).count();
+    assert!(
+        summarised as f64 >= 0.9 * quiet.len() as f64,
+        "{summarised} of {} quiet slots have a summary line",
+        quiet.len()
+    );
+
+    // /metrics: a real parser reads it, and its counts are findings.json's.
+    for text in pre_scrape.iter().chain([&scrape_text]) {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("valid exposition format");
+    }
+    let scrape = prometheus_parse::Scrape::parse(scrape_text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for f in read_json(&export.join("findings.json")).as_array().unwrap() {
+        *by_kind
+            .entry(f["kind"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    let mut metric_kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for s in scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "slotprof_findings_total")
+    {
+        if let prometheus_parse::Value::Counter(v) = s.value {
+            metric_kinds.insert(s.labels.get("kind").unwrap().to_string(), v as u64);
+        }
+    }
+    eprintln!("findings.json {by_kind:?}; /metrics {metric_kinds:?}");
+    assert_eq!(metric_kinds, by_kind, "/metrics and findings.json disagree");
+    let lost: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "slotprof_lost_events_total")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    assert_eq!(lost, 0.0, "events lost:\n{scrape_text}");
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "slotprof_slot_duration_seconds"));
+    assert!(index.contains("<table"), "/ does not serve the index");
+
+    // After SIGTERM: nothing loaded, nothing half-written.
+    assert_eq!(
+        loaded_slotprof_programs(),
+        Vec::<String>::new(),
+        "BPF programs left loaded"
+    );
+    assert_eq!(leftovers(&export), Vec::<PathBuf>::new(), "partial files left");
+    assert!(!said.contains("error"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("run-retention");
+    let export = dir.join("export");
+    let (rpc, metrics) = (free_port_pair(), free_port());
+    const CAP: u64 = 1 << 20;
+    let config = write_config(
+        &dir,
+        &format!(
+            r#"
+[target]
+comm = "synthetic-validator"
+[slots]
+source = "rpc=http://127.0.0.1:{rpc}"
+[export]
+dir = "{}"
+full = "all"
+retention_bytes = "1MiB"
+[metrics]
+listen = "127.0.0.1:{metrics}"
+[phase_probe]
+enabled = false
+"#,
+            export.display()
+        ),
+    );
+    let mut validator = start_validator(&dir, rpc, 60, &[]);
+    let daemon = Daemon::start(&config);
+    let started = Instant::now();
+    let mut peak = 0;
+    // Long enough to pass the cap (a slot's directory is ~50 KiB here),
+    // then SIGTERM while the target still runs.
+    let good = std::fs::read_to_string(&config).unwrap();
+    let mut reloads = 0;
+    while started.elapsed() < Duration::from_secs(18) {
+        peak = peak.max(du(&export));
+        std::thread::sleep(Duration::from_millis(50));
+        // SIGHUP with a bad configuration (refused, the run goes on), then
+        // with the good one again.
+        let hup = |body: &str| {
+            std::fs::write(&config, body).unwrap();
+            unsafe { libc::kill(daemon.0.id() as i32, libc::SIGHUP) };
+        };
+        if reloads == 0 && started.elapsed() > Duration::from_secs(8) {
+            hup(&good.replace("full = \"all\"", "full = \"everything\""));
+            reloads = 1;
+        } else if reloads == 1 && started.elapsed() > Duration::from_secs(10) {
+            hup(&good);
+            reloads = 2;
+        }
+    }
+    let slots_written = std::fs::read_dir(export.join("slots")).unwrap().count();
+    let (status, said) = daemon.stop();
+    let _ = validator.kill();
+    assert!(
+        said.contains("the new configuration is refused") && said.contains("export.full: \"everything\""),
+        "a bad configuration on SIGHUP was not refused with its reason"
+    );
+    assert!(said.contains("configuration reloaded"), "SIGHUP did not reload");
+    let _ = validator.wait();
+    assert!(status.success(), "slotprof run exited with {status}");
+    let end = du(&export);
+    eprintln!(
+        "export: peak {peak} bytes while running, {end} at the end, cap {CAP}; {slots_written} slot directories kept"
+    );
+    // It did pass the cap's worth of slots (else the test proves nothing).
+    assert!(slots_written >= 5, "too few slots exported: {slots_written}");
+    assert!(end <= CAP, "export {end} bytes over the {CAP}-byte cap");
+    // While running, at most one slot's directory over, for the instant
+    // between writing it and removing the oldest.
+    assert!(peak <= CAP + CAP / 8, "export reached {peak} bytes (cap {CAP})");
+    let passed: usize = std::fs::read_dir(export.join("hours"))
+        .unwrap()
+        .flatten()
+        .map(|h| {
+            std::fs::read_to_string(h.path().join("slots.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .count()
+        })
+        .sum();
+    let kept = export.join("slots").read_dir().unwrap().count();
+    eprintln!("{passed} slots passed, {kept} kept");
+    assert!(
+        kept < passed,
+        "retention removed nothing ({kept} of {passed} slots kept)"
+    );
+    assert_eq!(
+        loaded_slotprof_programs(),
+        Vec::<String>::new(),
+        "BPF programs left loaded"
+    );
+    assert_eq!(leftovers(&export), Vec::<PathBuf>::new(), "partial files left");
+    let _ = std::fs::remove_dir_all(&dir);
+}
