@@ -74,8 +74,40 @@ fn load(o: &RunOptions) -> anyhow::Result<Config> {
 /// Why one attachment ended.
 enum End {
     Stop,
-    Reload,
+    /// SIGHUP: read the configuration again.
+    Hup,
+    /// A new configuration that needs the probes attached again.
+    Reload(Box<Config>),
     TargetExited,
+}
+
+/// Whether `new` changes what the probes or the slot source do (else it
+/// is applied in place, without a gap in the profile).
+fn needs_reattach(old: &Config, new: &Config) -> bool {
+    old.target != new.target
+        || old.frequency_hz != new.frequency_hz
+        || old.min_offcpu != new.min_offcpu
+        || old.slot_source != new.slot_source
+        || old.loop_symbol != new.loop_symbol
+        || old.phase_probe != new.phase_probe
+        || old.metrics_listen != new.metrics_listen
+}
+
+fn detector_config(config: &Config) -> DetectorConfig {
+    DetectorConfig {
+        loop_thread: config.loop_thread.clone(),
+        gap_threshold_ns: config.gap_threshold.as_nanos() as u64,
+        hot_threads: config.hot_threads.clone(),
+        purge_threshold_ns: config.purge_threshold.as_nanos() as u64,
+        lock_threshold_ns: config.lock_threshold.as_nanos() as u64,
+        sample_period_ns: 1_000_000_000 / config.frequency_hz.max(1),
+        topology: None,
+        pingpong_threshold: config.pingpong_threshold,
+    }
+}
+
+fn refused(e: &anyhow::Error) {
+    eprintln!("slotprof: error: the new configuration is refused, the running one stays: {e:#}");
 }
 
 struct Signals {
@@ -92,7 +124,7 @@ impl Signals {
         tokio::select! {
             _ = self.term.recv() => End::Stop,
             _ = self.int.recv() => End::Stop,
-            _ = self.hup.recv() => End::Reload,
+            _ = self.hup.recv() => End::Hup,
             _ = async move {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -122,6 +154,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             Ok(target) => {
                 waiting_said = false;
                 follow(
+                    &o,
                     &config,
                     target,
                     &mut exporter,
@@ -156,7 +189,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 }
                 eprintln!("slotprof: the target exited; waiting for it to start again");
             }
-            End::Reload => match load(&o) {
+            End::Hup => match load(&o) {
                 Ok(new) => {
                     if new.metrics_listen != config.metrics_listen {
                         server.abort();
@@ -166,10 +199,20 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     config = new;
                     eprintln!("slotprof: configuration reloaded from {}", o.config.display());
                 }
-                Err(e) => eprintln!(
-                    "slotprof: error: the new configuration is refused, the running one stays: {e:#}"
-                ),
+                Err(e) => refused(&e),
             },
+            End::Reload(new) => {
+                if new.metrics_listen != config.metrics_listen {
+                    server.abort();
+                    server = start_metrics(&new, &snapshot).await?;
+                }
+                exporter.reconfigure(&new);
+                config = *new;
+                eprintln!(
+                    "slotprof: configuration reloaded from {} (probes attached again)",
+                    o.config.display()
+                );
+            }
         }
     }
     server.abort();
@@ -442,6 +485,7 @@ impl Phase {
 
 /// Profiles one process until it exits, a signal, or the deadline.
 async fn follow(
+    o: &RunOptions,
     config: &Config,
     target: Target,
     exporter: &mut export::Exporter,
@@ -533,24 +577,14 @@ async fn follow(
             analysed: None,
         }
     });
-    let detector_config = DetectorConfig {
-        loop_thread: config.loop_thread.clone(),
-        gap_threshold_ns: config.gap_threshold.as_nanos() as u64,
-        hot_threads: config.hot_threads.clone(),
-        purge_threshold_ns: config.purge_threshold.as_nanos() as u64,
-        lock_threshold_ns: config.lock_threshold.as_nanos() as u64,
-        sample_period_ns: 1_000_000_000 / config.frequency_hz.max(1),
-        topology: None,
-        pingpong_threshold: config.pingpong_threshold,
-    };
     let mut pending = Pending::default();
     let mut stacks = StackCache::default();
     let mut processed_until = origin;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks = 0u64;
     let mut chunk = Chunk {
-        config,
-        detector_config: &detector_config,
+        config: config.clone(),
+        detector_config: detector_config(config),
         target: &target,
         exporter,
         snapshot,
@@ -562,7 +596,19 @@ async fn follow(
                 drain(guard.get_inner_mut(), &mut pending, &slot_log);
                 guard.clear_ready();
             }
-            e = signals.next() => break e,
+            e = signals.next() => match e {
+                End::Hup => match load(o) {
+                    Ok(new) if needs_reattach(&chunk.config, &new) => break End::Reload(Box::new(new)),
+                    Ok(new) => {
+                        chunk.exporter.reconfigure(&new);
+                        chunk.detector_config = detector_config(&new);
+                        chunk.config = new;
+                        eprintln!("slotprof: configuration reloaded from {} (applied in place)", o.config.display());
+                    }
+                    Err(e) => refused(&e),
+                },
+                e => break e,
+            },
             _ = tick.tick() => {
                 ticks += 1;
                 let alive = target.is_alive();
@@ -609,7 +655,8 @@ async fn follow(
     }
     drop(ring);
     drop(probes);
-    chunk.exporter.flush(&meta(&target, config))?;
+    let meta = meta(&target, &chunk.config);
+    chunk.exporter.flush(&meta)?;
     Ok(end)
 }
 
@@ -673,8 +720,8 @@ fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pending: &mut Pendin
 
 /// What processing a run of finished slots needs.
 struct Chunk<'a> {
-    config: &'a Config,
-    detector_config: &'a DetectorConfig,
+    config: Config,
+    detector_config: DetectorConfig,
     target: &'a Target,
     exporter: &'a mut export::Exporter,
     snapshot: &'a Arc<Mutex<Snapshot>>,
@@ -728,7 +775,7 @@ impl Chunk<'_> {
             let mut namer = StackNamer::new(&table, sym);
             detectors::run_all(
                 &inputs,
-                self.detector_config,
+                &self.detector_config,
                 &buckets,
                 &mut |tgid, id, kernel| namer.part(tgid, id, kernel),
             )
@@ -743,7 +790,7 @@ impl Chunk<'_> {
                     .map_or(slots[0].number, |i| slots[i].number),
             );
         }
-        let meta = meta(self.target, self.config);
+        let meta = meta(self.target, &self.config);
         let period_ns = 1_000_000_000 / self.config.frequency_hz.max(1);
         self.snapshot.lock().unwrap().samples += agg.samples;
         for (slot, p) in slots.iter().zip(&per_slot) {
