@@ -100,12 +100,42 @@ fn machine() -> String {
     format!("{cpus} vCPUs ({cpu}), Linux {kernel}")
 }
 
-pub fn run(root: &Path) -> anyhow::Result<()> {
+/// Heading of the always-on memory section (`--only run` replaces it alone).
+const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
+
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo cargo xtask bench`");
     }
     let scratch = std::env::temp_dir().join(format!("slotprof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
+    match args {
+        [] => {}
+        [o, what] if o == "--only" && what == "run" => {
+            // Just this section, spliced into the existing file.
+            let section = run_section(root, &scratch)?;
+            let _ = std::fs::remove_dir_all(&scratch);
+            let path = root.join("BENCHMARKS.md");
+            let md = std::fs::read_to_string(&path).unwrap_or_default();
+            let md = match md.find(RUN_HEADING) {
+                Some(i) => {
+                    let rest = &md[i + RUN_HEADING.len()..];
+                    let end = rest
+                        .find("\n## ")
+                        .map_or(md.len(), |j| i + RUN_HEADING.len() + j + 1);
+                    format!("{}{section}{}", &md[..i], &md[end..])
+                }
+                None => match md.find("## Reproduce") {
+                    Some(i) => format!("{}{section}{}", &md[..i], &md[i..]),
+                    None => md + &section,
+                },
+            };
+            std::fs::write(&path, md)?;
+            eprintln!("xtask: updated the always-on section of BENCHMARKS.md");
+            return Ok(());
+        }
+        _ => bail!("usage: cargo xtask bench [--only run]"),
+    }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     for round in 0..ROUNDS {
         for (i, v) in VARIANTS.iter().enumerate() {
@@ -200,10 +230,11 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     );
     md.push_str(&phase_probe_section(root, &scratch)?);
     md.push_str(&host_section(root, &scratch)?);
+    md.push_str(&run_section(root, &scratch)?);
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench   # rewrites this file\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench              # rewrites this file (about 20 min)\nsudo cargo xtask bench --only run   # only the always-on section (11 min)\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;
@@ -405,4 +436,145 @@ fn program_table(summary: &Value) -> String {
         );
     }
     md
+}
+
+/// `VmRSS` of a process, in bytes.
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// `slotprof run` for ten minutes against the synthetic validator (its RPC
+/// fixture, a lock stall every 5th slot): resident memory at 1 and 10
+/// minutes, slotprof's CPU.
+fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
+    const MINUTES: u64 = 10;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let export = scratch.join("run-export");
+    let config = scratch.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\ncomm = \"synthetic-validator\"\n[slots]\nsource = \"rpc=http://127.0.0.1:{port}\"\n\
+             [export]\ndir = \"{}\"\nretention_bytes = \"200MiB\"\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+            export.display()
+        ),
+    )?;
+    let slots = (MINUTES * 60 * 1000 / 400 + 20).to_string();
+    let mut validator = Command::new(bin(root, "synthetic-validator"))
+        .args([
+            "--rpc-port",
+            &port.to_string(),
+            "--first-slot",
+            "345600000",
+            "--slots",
+            &slots,
+        ])
+        .args([
+            "--lock-stall-every",
+            "5",
+            "--report",
+            scratch.join("sv.json").to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let mut daemon = Command::new(bin(root, "slotprof"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let pid = daemon.id();
+    let started = std::time::Instant::now();
+    let mut samples: Vec<(f64, u64)> = Vec::new();
+    while started.elapsed() < std::time::Duration::from_secs(MINUTES * 60) {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        if let Some(r) = rss(pid) {
+            samples.push((started.elapsed().as_secs_f64(), r));
+            eprintln!(
+                "xtask: bench run {:>4.0} s  RSS {:.1} MiB",
+                started.elapsed().as_secs_f64(),
+                r as f64 / 1048576.0
+            );
+        }
+    }
+    let cpu = cpu_seconds(pid).unwrap_or(0.0);
+    let wall = started.elapsed().as_secs_f64();
+    let scrape = (|| -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", metrics))?;
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut r = String::new();
+        c.read_to_string(&mut r)?;
+        Ok(r)
+    })()
+    .unwrap_or_default();
+    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = daemon.wait();
+    let _ = validator.kill();
+    let _ = validator.wait();
+    let at = |t: f64| {
+        samples
+            .iter()
+            .min_by(|a, b| (a.0 - t).abs().total_cmp(&(b.0 - t).abs()))
+            .map_or(0, |s| s.1)
+    };
+    let (one, ten) = (at(60.0), at(wall));
+    let peak = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    let metric = |name: &str| -> String {
+        scrape
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let mut md = String::new();
+    let _ = writeln!(md, "{RUN_HEADING}\n");
+    let _ = writeln!(md, "`slotprof run` with the sample configuration's defaults (49 Hz, off-CPU and detector probes, the phase probe on every CPU, export of slots with findings and leader slots, hourly profiles) against `synthetic-validator` over its RPC fixture for {MINUTES} minutes (a lock stall every 5th slot, so every 5th slot has a finding).\n");
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| RSS after 1 min | {:.1} MiB |", mib(one));
+    let _ = writeln!(
+        md,
+        "| RSS after {MINUTES} min | {:.1} MiB ({:+.1}%) |",
+        mib(ten),
+        100.0 * (ten as f64 / one.max(1) as f64 - 1.0)
+    );
+    let _ = writeln!(md, "| peak RSS sampled | {:.1} MiB |", mib(peak));
+    let _ = writeln!(
+        md,
+        "| slotprof CPU | {cpu:.1} s in {wall:.0} s ({:.2}% of one CPU) |",
+        100.0 * cpu / wall
+    );
+    let _ = writeln!(md, "| slots | {} |", metric("slotprof_slots_exported_total"));
+    let _ = writeln!(md, "| findings | {} |", metric("slotprof_findings_total"));
+    let _ = writeln!(md, "| lost | {} |", metric("slotprof_lost_events_total"));
+    let series: Vec<String> = samples
+        .iter()
+        .step_by(6)
+        .map(|(t, r)| format!("{:.0} s {:.1}", t, mib(*r)))
+        .collect();
+    let _ = writeln!(md, "\nRSS every minute (MiB): {}.\n", series.join(", "));
+    Ok(md)
 }

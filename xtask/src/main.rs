@@ -29,9 +29,11 @@ fn main() -> ExitCode {
             .and_then(|_| test_vm::run(&root(), &args[1..])),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
-            .and_then(|_| bench::run(&root())),
+            .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench>");
+            eprintln!(
+                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only run]>"
+            );
             return ExitCode::from(2);
         }
     };
