@@ -9,7 +9,8 @@
 //! - `windows/<first>/`: a leader window's four slots together;
 //! - `hours/<YYYY-MM-DDTHH>/`: that hour's profiles (every slot) and
 //!   slots.jsonl, one summary line per slot (every slot, exported or not);
-//! - `findings.json` (the most recent findings), `index.html`.
+//! - `findings.json` (the latest 1,000 findings), `index.html` (the latest
+//!   300 exported slots).
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -31,10 +32,12 @@ use crate::{
     slots::Slot,
 };
 
-/// Findings kept for findings.json and the index.
-const RECENT_FINDINGS: usize = 10_000;
+/// Findings kept for findings.json and the index (every finding is in its
+/// slot's slot.json and its hour's slots.jsonl as well). Small enough that
+/// slotprof's memory stops growing within the first hour of a busy node.
+const RECENT_FINDINGS: usize = 1_000;
 /// Fully exported slots listed in the index.
-const RECENT_SLOTS: usize = 2_000;
+const RECENT_SLOTS: usize = 300;
 /// How often the index, findings.json and the current hour are rewritten.
 const REWRITE_EVERY: Duration = Duration::from_secs(5);
 const HOUR_REWRITE_EVERY: Duration = Duration::from_secs(300);
