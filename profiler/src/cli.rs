@@ -116,6 +116,10 @@ pub struct ProfileArgs {
     /// summary.json (adds two clock reads per probe run).
     #[arg(long)]
     pub probe_stats: bool,
+    /// Also write every raw event record to FILE (for `cargo bench -p
+    /// profiler --bench aggregate -- FILE`, the aggregator's throughput).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub save_events: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

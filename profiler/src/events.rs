@@ -42,6 +42,25 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
     }
 }
 
+/// Appends one raw record to a saved event stream: its length (u32, little
+/// endian), then its bytes as the kernel wrote them.
+pub fn write_raw(w: &mut impl std::io::Write, record: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(record.len() as u32).to_le_bytes())?;
+    w.write_all(record)
+}
+
+/// The records of a saved event stream, in order.
+pub fn read_raw(mut bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while bytes.len() >= 4 {
+        let n = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        let Some(record) = bytes.get(4..4 + n) else { break };
+        out.push(record);
+        bytes = &bytes[4 + n..];
+    }
+    out
+}
+
 /// Reads a plain-data record from the start of `bytes`.
 fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < std::mem::size_of::<T>() {

@@ -58,6 +58,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 detector_probes: !a.profile.no_detector_probes,
                 phase_probe: a.profile.phase.config()?,
                 slot_source: a.profile.slot_source,
+                save_events: a.profile.save_events,
             };
             eprintln!(
                 "slotprof: profiling {} (pid {}) for {:.0} s; Ctrl-C stops early",
@@ -144,6 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 detector_probes: !r.profile.no_detector_probes,
                 phase_probe: r.profile.phase.config()?,
                 slot_source: r.profile.slot_source,
+                save_events: r.profile.save_events,
             };
             let outcome = session::run(&opts, target, Some(held)).await?;
             finish(outcome)

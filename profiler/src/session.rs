@@ -47,6 +47,8 @@ pub struct SessionOptions {
     pub detector_probes: bool,
     /// The guest-side phase probe, when on.
     pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
+    /// Write every raw record here too (see [`crate::events::write_raw`]).
+    pub save_events: Option<PathBuf>,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -156,6 +158,13 @@ pub async fn run(
         .and_then(|exe| symbolizer::frame_pointers::scan(exe).ok());
 
     let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
+    let mut saved = match &opts.save_events {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p)
+                .with_context(|| format!("--save-events: cannot create {}", p.display()))?,
+        )),
+        None => None,
+    };
     let progress = std::io::stderr().is_terminal();
     let mut agg = Aggregator::new();
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -169,7 +178,7 @@ pub async fn run(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg, &slot_log);
+                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut());
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
@@ -218,7 +227,10 @@ pub async fn run(
         let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
         crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
     };
-    drain(ring.get_mut(), &mut agg, &slot_log);
+    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut());
+    if let Some(mut w) = saved.take() {
+        w.flush().context("--save-events")?;
+    }
     if progress {
         eprint!("\r\x1b[K");
     }
@@ -530,8 +542,18 @@ async fn wait_for_exec(held: &Target) -> Target {
     Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
 }
 
-fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, agg: &mut Aggregator, slot_log: &SharedSlotLog) {
+fn drain(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    agg: &mut Aggregator,
+    slot_log: &SharedSlotLog,
+    mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
+) {
     while let Some(item) = ring.next() {
+        if let Some(w) = saved.as_deref_mut() {
+            if events::write_raw(w, &item).is_err() {
+                agg.malformed += 1;
+            }
+        }
         match events::decode(&item) {
             Some(events::Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
             Some(event) => agg.ingest(&event),
