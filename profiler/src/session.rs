@@ -145,13 +145,7 @@ pub async fn run(
         }
         target = wait_for_exec(&target).await;
     }
-    let mut sym = Symbolizer::new();
-    sym.track_process(target.pid).with_context(|| {
-        format!(
-            "cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)",
-            target.pid
-        )
-    })?;
+    let mut sym = symbolizer_for(target.pid)?;
     let fp_scan = target
         .exe
         .as_deref()
@@ -512,6 +506,14 @@ impl detectors::cache_line_ping_pong::AddressNames for SymNames<'_> {
     fn data(&mut self, addr: u64) -> String {
         self.sym.data_name(self.pid, addr)
     }
+}
+
+/// A symbolizer that has taken the memory map of `pid`.
+pub(crate) fn symbolizer_for(pid: u32) -> anyhow::Result<Symbolizer> {
+    let mut sym = Symbolizer::new();
+    sym.track_process(pid)
+        .with_context(|| format!("cannot read /proc/{pid}/maps (does slotprof have CAP_SYS_PTRACE?)"))?;
+    Ok(sym)
 }
 
 /// Where a uprobe on `function` of `binary` goes: (binary, file offset,

@@ -131,14 +131,7 @@ pub fn write_slots(
         let dir = out.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
         write_profiles(&dir, p, meta, &format!("leader window {numbers:?}"))?;
-        let window = json!({
-            "first_slot": first,
-            "slots": numbers,
-            "start_ns": slots.first().map(|s| s.start_ns),
-            "end_ns": slots.last().map(|s| s.end_ns),
-            "oncpu_samples": p.oncpu.total(),
-            "offcpu_ms": p.offcpu.total() as f64 / 1e6,
-        });
+        let window = window_json(*first, slots, p);
         write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)?;
     }
     write_atomic(
@@ -146,6 +139,23 @@ pub fn write_slots(
         index_html(&summaries, findings).as_bytes(),
     )?;
     Ok(summaries)
+}
+
+/// What `window.json` says about a leader window.
+pub(crate) fn window_json<S: std::borrow::Borrow<Slot>>(
+    first: u64,
+    slots: &[S],
+    p: &Profiles,
+) -> serde_json::Value {
+    let numbers: Vec<u64> = slots.iter().map(|s| s.borrow().number).collect();
+    json!({
+        "first_slot": first,
+        "slots": numbers,
+        "start_ns": slots.first().map(|s| s.borrow().start_ns),
+        "end_ns": slots.last().map(|s| s.borrow().end_ns),
+        "oncpu_samples": p.oncpu.total(),
+        "offcpu_ms": p.offcpu.total() as f64 / 1e6,
+    })
 }
 
 /// The Chrome trace-event file: a track per thread with on-CPU samples

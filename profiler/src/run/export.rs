@@ -28,7 +28,7 @@ use crate::{
     detectors::Finding,
     output::write_atomic,
     report::write_profiles,
-    slot_export::{index_html, summarize, SlotSummary},
+    slot_export::{index_html, summarize, window_json, SlotSummary},
     slots::Slot,
 };
 
@@ -420,14 +420,7 @@ impl Exporter {
         self.make_room(None, self.ledger.back().map_or(0, |e| e.bytes));
         let dir = self.dir.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
-        let json = serde_json::json!({
-            "first_slot": first,
-            "slots": numbers,
-            "start_ns": slots.first().map(|s| s.start_ns),
-            "end_ns": slots.last().map(|s| s.end_ns),
-            "oncpu_samples": p.oncpu.total(),
-            "offcpu_ms": p.offcpu.total() as f64 / 1e6,
-        });
+        let json = window_json(first, &slots, &p);
         Self::write_dir(
             &dir,
             &p,

@@ -549,13 +549,7 @@ async fn follow(
         config.frequency_hz,
         config.export_dir.display()
     );
-    let mut sym = Symbolizer::new();
-    sym.track_process(target.pid).with_context(|| {
-        format!(
-            "cannot read /proc/{}/maps (does slotprof have CAP_SYS_PTRACE?)",
-            target.pid
-        )
-    })?;
+    let mut sym = crate::session::symbolizer_for(target.pid)?;
     let mut phase = config.phase_probe.as_ref().map(|c| {
         let cpus = c.cpus.clone().unwrap_or_else(|| {
             std::fs::read_to_string("/sys/devices/system/cpu/online")
