@@ -17,6 +17,12 @@ pub fn is_purge(behavior: u32) -> bool {
     behavior == 4 || behavior == 8
 }
 
+/// Frames of an allocator setting itself up (jemalloc's `malloc_init_hard`
+/// madvises its first chunk): a one-time start-up cost, not a purge.
+fn allocator_init_frame(frame: &str) -> bool {
+    frame.contains("malloc_init")
+}
+
 /// Frames that say an allocator is purging.
 pub fn allocator_frame(frame: &str) -> bool {
     let f = frame.to_ascii_lowercase();
@@ -29,7 +35,6 @@ pub fn allocator_frame(frame: &str) -> bool {
         "tcmalloc",
         "mimalloc",
         "malloc_trim",
-        "malloc_init",
         "arena_",
     ]
     .iter()
@@ -61,8 +66,17 @@ pub fn detect(
         hot.push(inputs.pid);
     }
     let mut acc: BTreeMap<(u64, u32), Acc> = BTreeMap::new();
+    let mut init_stack: HashMap<i32, bool> = HashMap::new();
     for m in inputs.madvise {
         if !is_purge(m.behavior) || !hot.contains(&m.tid) {
+            continue;
+        }
+        let init = *init_stack.entry(m.user_stack_id).or_insert_with(|| {
+            names(inputs.pid, m.user_stack_id, false)
+                .iter()
+                .any(|f| allocator_init_frame(f))
+        });
+        if init {
             continue;
         }
         let Some((slot, bucket)) = buckets.of(m.start_ns) else {
@@ -179,5 +193,34 @@ mod tests {
         assert_eq!(f[0].magnitudes["allocator_frames"], 1.0);
         assert_eq!(f[0].magnitudes["shootdown_ipis"], 20.0);
         assert!(f[0].explanation.contains("10 madvise"), "{}", f[0].explanation);
+    }
+
+    /// Seen under TCG in the test VM: jemalloc's start-up madvise on the
+    /// main thread crossed 1 ms; it is set-up, not a purge.
+    #[test]
+    fn the_allocators_own_start_up_is_not_a_purge() {
+        let names = HashMap::from([(1, "bank-loop".to_string())]);
+        let calls: Vec<_> = (0..4).map(|i| madvise(1, i * MS, 400_000, 4096, 7)).collect();
+        let inp = Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &calls,
+            futex: &[],
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names: &names,
+        };
+        let mut n = namer(HashMap::from([(
+            7,
+            vec![
+                "__libc_start_main",
+                "malloc_init_hard",
+                "malloc_init_hard_a0_locked",
+                "madvise",
+            ],
+        )]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert!(f.is_empty(), "{f:?}");
     }
 }
