@@ -342,6 +342,25 @@ impl Aggregator {
             .collect()
     }
 
+    /// What the detectors read, from what was counted.
+    pub fn inputs<'a>(
+        &'a self,
+        pid: u32,
+        short_futex: &'a [(u64, u64, u64)],
+        thread_names: &'a HashMap<u32, String>,
+    ) -> crate::detectors::Inputs<'a> {
+        crate::detectors::Inputs {
+            pid,
+            samples: &self.sample_log,
+            intervals: &self.interval_log,
+            madvise: &self.madvise_log,
+            futex: &self.futex_log,
+            loop_marks: &self.loop_marks,
+            short_futex,
+            thread_names,
+        }
+    }
+
     /// Every on-CPU sample: time and stack.
     pub fn samples(&self) -> &[(u64, StackKey)] {
         &self.sample_log

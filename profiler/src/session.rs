@@ -304,16 +304,7 @@ pub async fn run(
         None => Timeline::default(),
     };
     let thread_names = agg.thread_names();
-    let inputs = detectors::Inputs {
-        pid: target.pid,
-        samples: agg.samples(),
-        intervals: agg.intervals(),
-        madvise: &agg.madvise_log,
-        futex: &agg.futex_log,
-        loop_marks: &agg.loop_marks,
-        short_futex: &short_futex,
-        thread_names: &thread_names,
-    };
+    let inputs = agg.inputs(target.pid, &short_futex, &thread_names);
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
     let topology = match &opts.detectors.topology {
         Some(file) => crate::topology::Topology::from_file(file)?,

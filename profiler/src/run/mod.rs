@@ -754,16 +754,7 @@ impl Chunk<'_> {
         let per_slot = agg.resolve_slots(&timeline, &table, sym);
         let thread_names = agg.thread_names();
         let short_futex = probes.short_futex_waits();
-        let inputs = detectors::Inputs {
-            pid: self.target.pid,
-            samples: agg.samples(),
-            intervals: agg.intervals(),
-            madvise: &agg.madvise_log,
-            futex: &agg.futex_log,
-            loop_marks: &agg.loop_marks,
-            short_futex: &short_futex,
-            thread_names: &thread_names,
-        };
+        let inputs = agg.inputs(self.target.pid, &short_futex, &thread_names);
         let buckets = detectors::Buckets::new(Some(&timeline), c);
         let findings = {
             let mut namer = StackNamer::new(&table, sym);
