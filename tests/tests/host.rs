@@ -32,6 +32,14 @@ const SYSCTLS: [&str; 2] = [
     "/proc/sys/vm/compaction_proactiveness",
 ];
 
+/// The tests of this file change the same machine-wide sysctls and each
+/// fills most of memory: they take turns (the harness runs tests in
+/// parallel threads). A test that failed leaves the lock usable.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Restores the compaction sysctls when dropped.
 struct SysctlGuard {
     saved: Vec<(&'static str, String)>,
@@ -364,6 +372,7 @@ fn check_guest_slower(report: &serde_json::Value, out: &Path) {
 #[test]
 #[ignore = "needs root, /dev/kvm and ~20 GiB free; run by `sudo cargo xtask test`"]
 fn locked_vm_untouched_when_unevictable_off_and_kcompactd_found_when_on() {
+    let _turn = one_at_a_time();
     let Some(_kernel) = kernel() else { return };
     if !can_run() {
         return;
@@ -431,6 +440,7 @@ fn locked_vm_untouched_when_unevictable_off_and_kcompactd_found_when_on() {
 #[test]
 #[ignore = "needs root, /dev/kvm and ~20 GiB free; run by `sudo cargo xtask test`"]
 fn manual_compaction_of_a_locked_vm_names_the_writer() {
+    let _turn = one_at_a_time();
     let Some(_kernel) = kernel() else { return };
     if !can_run() {
         return;
