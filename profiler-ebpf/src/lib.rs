@@ -385,6 +385,16 @@ pub mod counter {
     pub const COUNT: u32 = 9;
 }
 
+/// Kernel stack id of an off-CPU interval that began in a futex wait: the
+/// kernel walk is skipped there (the path is always the futex syscall's
+/// wait; walking it was most of what a switch-out cost). Userspace shows
+/// it as one frame saying so. Never a real id (those are >= 0) nor an errno.
+pub const KERNEL_STACK_FUTEX_WAIT: i32 = -10_000;
+
+/// Task state a thread sleeps in inside a futex wait (TASK_INTERRUPTIBLE,
+/// as sched_switch reports it).
+pub const TASK_INTERRUPTIBLE: u32 = 1;
+
 /// Whether a stack id is an error that means a lost stack (map full or hash
 /// collision), as opposed to "no stack of this kind" (-EFAULT: no user stack
 /// for a kernel thread, no kernel stack for a sample taken in user mode).

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use flamegraphs::Folded;
 use profiler_ebpf::{
-    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
+    stack_lost, CpuSample, KERNEL_STACK_FUTEX_WAIT, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;
@@ -62,6 +62,12 @@ pub struct LongInterval {
 
 /// How many of the longest intervals the summary lists.
 const LONGEST_KEPT: usize = 20;
+
+/// The kernel part of an off-CPU stack that began in a futex wait: the
+/// probe does not walk that path (always the futex syscall's wait), so one
+/// frame says what it was. It contains "futex", which is what the gap
+/// detector's cause classification looks for.
+pub const FUTEX_WAIT_FRAME: &str = "[futex wait: kernel path not walked]_[k]";
 
 /// Everything counted so far.
 #[derive(Default)]
@@ -498,7 +504,9 @@ impl<'a> StackNamer<'a> {
             return f.clone();
         }
         let side = if kernel { "kernel" } else { "user" };
-        let frames = if id < 0 {
+        let frames = if kernel && id == KERNEL_STACK_FUTEX_WAIT {
+            vec![FUTEX_WAIT_FRAME.to_string()]
+        } else if id < 0 {
             // -EFAULT etc. means "no stack of this kind" (a sample in user
             // mode has no kernel stack): nothing to show.
             if stack_lost(id) {

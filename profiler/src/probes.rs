@@ -139,11 +139,28 @@ impl Probes {
         ];
         if config.detector_probes {
             // Detector probes: madvise, futex, TLB flushes and shootdown IPIs.
+            // Each syscall's exit is attached before its entry, and the entry
+            // only if the exit is: an entry whose exit is never seen would
+            // stay in the per-thread map (and a futex entry there makes
+            // sched_switch take the thread's next sleep for a futex wait).
+            for [(exit, exit_tp), (enter, enter_tp)] in [
+                [("slotprof_madvise_exit", "sys_exit_madvise"), ("slotprof_madvise_enter", "sys_enter_madvise")],
+                [("slotprof_futex_exit", "sys_exit_futex"), ("slotprof_futex_enter", "sys_enter_futex")],
+            ] {
+                let exit = attach_tracepoint(&mut ebpf, exit, &[("syscalls", exit_tp)]);
+                let enter = if exit.attached {
+                    attach_tracepoint(&mut ebpf, enter, &[("syscalls", enter_tp)])
+                } else {
+                    ProbeStatus {
+                        program: enter,
+                        event: format!("syscalls:{enter_tp}"),
+                        attached: false,
+                        error: Some(format!("not attached: its exit probe ({exit_tp}) did not attach")),
+                    }
+                };
+                status.extend([exit, enter]);
+            }
             for (program, category, name) in [
-                ("slotprof_madvise_enter", "syscalls", "sys_enter_madvise"),
-                ("slotprof_madvise_exit", "syscalls", "sys_exit_madvise"),
-                ("slotprof_futex_enter", "syscalls", "sys_enter_futex"),
-                ("slotprof_futex_exit", "syscalls", "sys_exit_futex"),
                 ("slotprof_tlb_flush", "tlb", "tlb_flush"),
                 ("slotprof_page_fault", "exceptions", "page_fault_user"),
             ] {

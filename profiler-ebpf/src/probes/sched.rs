@@ -9,11 +9,23 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use profiler_ebpf::{counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN};
+use profiler_ebpf::{
+    counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT, TASK_INTERRUPTIBLE,
+};
 
 use super::{
-    count, is_target, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, LAST_WAKER, OFFCPU_START,
+    count, is_target, min_futex_ns, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_START,
+    LAST_WAKER, OFFCPU_START,
 };
+
+/// A sleep must have lasted this long at its wakeup for the waker's stacks
+/// to be walked: half the smaller of the two reporting minimums.
+#[inline(always)]
+fn waker_stack_min_ns() -> u64 {
+    let a = min_offcpu_ns();
+    let b = min_futex_ns();
+    (if a < b { a } else { b }) / 2
+}
 
 #[tracepoint]
 pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
@@ -27,10 +39,19 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         let prev_pid: i32 = unsafe { ctx.read_at(off.switch_prev_pid as usize) }.unwrap_or(0);
         let state: i64 = unsafe { ctx.read_at(off.switch_prev_state as usize) }.unwrap_or(0);
         if prev_pid > 0 {
+            // Inside a futex wait (the futex probe saw it enter) the kernel
+            // stack is always the syscall's wait path: not walked.
+            let in_futex_wait =
+                state as u32 == TASK_INTERRUPTIBLE && FUTEX_START.get_ptr(&(prev_pid as u32)).is_some();
+            let kernel_stack_id = if in_futex_wait {
+                KERNEL_STACK_FUTEX_WAIT
+            } else {
+                stack_id(&ctx, 0)
+            };
             let start = OffCpuStart {
                 start_ns: now,
                 user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
-                kernel_stack_id: stack_id(&ctx, 0),
+                kernel_stack_id,
                 state: state as u32,
                 waker_tid: 0,
                 waker_tgid: 0,
@@ -110,11 +131,20 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     // `current` is the waker when the wakeup comes from a task; in a timer
     // or device interrupt it is whoever was interrupted. The kernel stack
     // tells which (userspace reads it only for the intervals it reports).
+    // Only a sleep already long enough to be reported, or nearly (half the
+    // smaller minimum: the wait for a CPU after the wakeup can make up the
+    // rest), gets the waker's stacks: most wakeups end short sleeps, and
+    // two stack walks were most of what this program cost.
     let pid_tgid = bpf_get_current_pid_tgid();
-    let waker_kernel_stack_id = stack_id(&ctx, 0);
-    let waker_user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let asleep = now.saturating_sub(unsafe { (*start).start_ns });
+    let (waker_kernel_stack_id, waker_user_stack_id) = if asleep >= waker_stack_min_ns() {
+        (stack_id(&ctx, 0), stack_id(&ctx, BPF_F_USER_STACK))
+    } else {
+        (-1, -1)
+    };
     unsafe {
-        (*start).woken_ns = bpf_ktime_get_ns();
+        (*start).woken_ns = now;
         (*start).waker_kernel_stack_id = waker_kernel_stack_id;
         (*start).waker_user_stack_id = waker_user_stack_id;
         (*start).waker_tid = pid_tgid as u32;

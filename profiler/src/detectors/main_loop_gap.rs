@@ -241,6 +241,12 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
+    fn the_unwalked_futex_wait_frame_is_a_lock_wait() {
+        let frames = vec![crate::aggregate::FUTEX_WAIT_FRAME.to_string()];
+        assert_eq!(blocked_on(&frames), "lock wait (futex)");
+    }
+
+    #[test]
     fn blocked_causes_from_kernel_stacks() {
         let k = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         // Seen in a test VM: the loop uprobe's handler waiting for mmap_lock.
