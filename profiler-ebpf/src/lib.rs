@@ -23,7 +23,30 @@ pub const fn futex_op_waits(op: u32) -> bool {
 
 /// Entries in the stack-trace map. A full map makes `bpf_get_stackid` fail,
 /// which we count as a lost stack, never as a silent drop.
-pub const STACK_MAP_ENTRIES: u32 = 16 * 1024;
+pub const STACK_MAP_ENTRIES: u32 = 1 << STACK_INDEX_BITS;
+
+/// Bits of a stack id that index the stack map (its 16 Ki entries); the
+/// bits above carry the stack epoch (see [`stack_id_with_epoch`]).
+pub const STACK_INDEX_BITS: u32 = 14;
+
+/// Stack epochs are counted modulo this many (17 bits: an id stays a
+/// positive i32). `slotprof run` starts a new epoch after each slot it
+/// processes, so an id names one stack for 2^17 slots (~14 h at 400 ms).
+pub const STACK_EPOCH_MASK: u32 = (1 << 17) - 1;
+
+/// The id userspace sees for entry `index` of the stack map of `epoch`:
+/// even epochs use `STACKS`, odd ones `STACKS_ODD`, and each map is emptied
+/// before its next epoch begins. With the epoch in the id, an id read after
+/// its map was emptied resolves to nothing, never to another stack.
+pub const fn stack_id_with_epoch(index: u32, epoch: u32) -> i32 {
+    (index | ((epoch & STACK_EPOCH_MASK) << STACK_INDEX_BITS)) as i32
+}
+
+/// (epoch, index in that epoch's map) of a non-negative stack id.
+pub const fn split_stack_id(id: i32) -> (u32, u32) {
+    let id = id as u32;
+    (id >> STACK_INDEX_BITS, id & ((1 << STACK_INDEX_BITS) - 1))
+}
 
 /// Threads that can be off-CPU at once and still be tracked (LRU: the oldest
 /// entry, typically a thread that has exited while asleep, goes first).

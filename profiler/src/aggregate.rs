@@ -8,7 +8,8 @@ use std::collections::{HashMap, HashSet};
 
 use flamegraphs::Folded;
 use profiler_ebpf::{
-    stack_lost, CpuSample, KERNEL_STACK_FUTEX_WAIT, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
+    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
+    KERNEL_STACK_FUTEX_WAIT,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;

@@ -17,6 +17,21 @@ pub enum Event {
     Host(HostEvent),
 }
 
+impl Event {
+    /// The stack ids the event refers to (errors and markers included; the
+    /// caller keeps the ones it can read).
+    pub fn stack_ids(&self) -> Vec<i32> {
+        match self {
+            Event::Sample(s) => vec![s.user_stack_id, s.kernel_stack_id],
+            Event::OffCpu(o) => vec![o.user_stack_id, o.kernel_stack_id, o.waker_kernel_stack_id],
+            Event::Madvise(m) => vec![m.user_stack_id],
+            Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id, f.waker_kernel_stack_id],
+            Event::Host(h) => vec![h.kernel_stack_id],
+            Event::SlotMark(_) | Event::LoopMark(_) | Event::UserRegs(_) => Vec::new(),
+        }
+    }
+}
+
 /// Decodes one record; `None` for a record of unknown kind or short length
 /// (counted by the caller, never trusted).
 pub fn decode(bytes: &[u8]) -> Option<Event> {
@@ -80,6 +95,20 @@ pub fn comm_str(comm: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stack_ids_carry_their_epoch_and_stay_positive() {
+        use profiler_ebpf::{split_stack_id, stack_id_with_epoch, STACK_EPOCH_MASK, STACK_MAP_ENTRIES};
+        for epoch in [0, 1, 2, 77, STACK_EPOCH_MASK] {
+            for index in [0, 1, STACK_MAP_ENTRIES - 1] {
+                let id = stack_id_with_epoch(index, epoch);
+                assert!(id >= 0, "{epoch} {index}");
+                assert_eq!(split_stack_id(id), (epoch, index));
+            }
+        }
+        // Epochs wrap: the one after the last is 0 again.
+        assert_eq!(stack_id_with_epoch(5, STACK_EPOCH_MASK + 1), 5);
+    }
 
     fn bytes_of<T>(v: &T) -> Vec<u8> {
         let p = v as *const T as *const u8;

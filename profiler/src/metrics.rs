@@ -64,6 +64,9 @@ pub struct Snapshot {
     pub slots_skipped: u64,
     /// Bytes the export holds now.
     pub export_bytes: u64,
+    /// Stacks emptied from the kernel's stack maps as they took turns
+    /// (mostly those of off-CPU intervals too short to be reported).
+    pub stacks_emptied: u64,
 }
 
 impl Default for Snapshot {
@@ -77,6 +80,7 @@ impl Default for Snapshot {
             slots_summarised: 0,
             slots_skipped: 0,
             export_bytes: 0,
+            stacks_emptied: 0,
         }
     }
 }
@@ -190,6 +194,13 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
         "gauge",
         "Bytes the export directory holds.",
         vec![format!("slotprof_export_bytes {}", s.export_bytes)],
+    );
+    section(
+        &mut out,
+        "slotprof_stacks_emptied_total",
+        "counter",
+        "Stacks emptied from the kernel's stack maps as they took turns (each map is emptied every other slot).",
+        vec![format!("slotprof_stacks_emptied_total {}", s.stacks_emptied)],
     );
     section(
         &mut out,

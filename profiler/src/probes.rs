@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachLocation, UProbeScope},
@@ -17,7 +17,9 @@ use aya::{
     util::online_cpus,
     Ebpf, EbpfLoader, Pod,
 };
-use profiler_ebpf::{counter, FutexTotals, OffCpuStart, TracepointOffsets};
+use profiler_ebpf::{
+    counter, split_stack_id, FutexTotals, OffCpuStart, TracepointOffsets, STACK_EPOCH_MASK, STACK_MAP_ENTRIES,
+};
 use serde::Serialize;
 
 use crate::tracefs;
@@ -43,6 +45,10 @@ pub struct ProbeConfig {
     pub detector_probes: bool,
     /// A uprobe marking main-loop iterations (`--loop-symbol`).
     pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
+    /// Two stack maps taking turns ([`Probes::next_stack_epoch`]): for
+    /// `slotprof run`, which must never fill the map. Other modes keep every
+    /// stack of the session in one map.
+    pub rotating_stacks: bool,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -117,6 +123,8 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
     /// Held while run-time stats are on; closing it turns them off.
     _stats: Option<std::os::fd::OwnedFd>,
+    /// The stack epoch the programs write into (see profiler_ebpf::STACK_EPOCH_MASK).
+    stack_epoch: u32,
 }
 
 impl Probes {
@@ -124,7 +132,7 @@ impl Probes {
     /// probe that fails to attach is recorded in `status`; failing to attach
     /// any probe at all is an error.
     pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
-        let mut ebpf = open(config.tgid, config.min_offcpu)?;
+        let mut ebpf = open(config.tgid, config.min_offcpu, config.rotating_stacks)?;
 
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
@@ -144,8 +152,14 @@ impl Probes {
             // stay in the per-thread map (and a futex entry there makes
             // sched_switch take the thread's next sleep for a futex wait).
             for [(exit, exit_tp), (enter, enter_tp)] in [
-                [("slotprof_madvise_exit", "sys_exit_madvise"), ("slotprof_madvise_enter", "sys_enter_madvise")],
-                [("slotprof_futex_exit", "sys_exit_futex"), ("slotprof_futex_enter", "sys_enter_futex")],
+                [
+                    ("slotprof_madvise_exit", "sys_exit_madvise"),
+                    ("slotprof_madvise_enter", "sys_enter_madvise"),
+                ],
+                [
+                    ("slotprof_futex_exit", "sys_exit_futex"),
+                    ("slotprof_futex_enter", "sys_enter_futex"),
+                ],
             ] {
                 let exit = attach_tracepoint(&mut ebpf, exit, &[("syscalls", exit_tp)]);
                 let enter = if exit.attached {
@@ -194,7 +208,7 @@ impl Probes {
     /// (`slotprof host`, system-wide): KVM invalidations, compaction and
     /// page migration.
     pub fn load_host(probe_stats: bool) -> anyhow::Result<Self> {
-        let mut ebpf = open(0, Duration::ZERO)?;
+        let mut ebpf = open(0, Duration::ZERO, false)?;
         let status = HOST_PROBES
             .iter()
             .map(|(program, category, name)| attach_tracepoint(&mut ebpf, program, &[(category, name)]))
@@ -222,6 +236,7 @@ impl Probes {
             ebpf,
             status,
             _stats: stats,
+            stack_epoch: 0,
         })
     }
 
@@ -277,24 +292,47 @@ impl Probes {
         if id < 0 {
             return None;
         }
-        let map = self.ebpf.map("STACKS")?;
+        let (epoch, index) = split_stack_id(id);
+        // A map holds the stacks of its latest epoch only: the current one
+        // or the one before. An older id's stack is gone (read it before).
+        let previous = self.stack_epoch.wrapping_sub(1) & STACK_EPOCH_MASK;
+        if epoch != self.stack_epoch && epoch != previous {
+            return None;
+        }
+        let map = self.ebpf.map(stack_map_name(epoch))?;
         let stacks = StackTraceMap::try_from(map).ok()?;
-        let trace = stacks.get(&(id as u32), 0).ok()?;
+        let trace = stacks.get(&index, 0).ok()?;
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
-    /// Removes stacks from the kernel's stack map (always-on mode, once
-    /// their events are processed), so it never fills up.
-    pub fn forget_stacks(&mut self, ids: impl IntoIterator<Item = i32>) {
-        let Some(map) = self.ebpf.map_mut("STACKS") else {
-            return;
-        };
-        let Ok(mut stacks) = StackTraceMap::try_from(map) else {
-            return;
-        };
-        for id in ids.into_iter().filter(|&id| id >= 0) {
-            let _ = stacks.remove(&(id as u32));
+    /// The epoch the programs write stacks into now.
+    pub fn stack_epoch(&self) -> u32 {
+        self.stack_epoch
+    }
+
+    /// Always-on mode: empties the map of the epoch before the current one
+    /// and makes it current (for the next epoch), so neither map fills up
+    /// with stacks nobody reads (a switch-out's stacks are walked before it
+    /// is known whether the interval will be long enough to be reported).
+    /// Ids of the emptied epoch stop resolving: read what is still needed
+    /// first. Returns how many stacks were emptied.
+    pub fn next_stack_epoch(&mut self) -> anyhow::Result<usize> {
+        let next = (self.stack_epoch + 1) & STACK_EPOCH_MASK;
+        let name = stack_map_name(next);
+        let map = self.ebpf.map_mut(name).context("stack map missing")?;
+        let mut stacks = StackTraceMap::try_from(map)?;
+        let indices: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+        for index in &indices {
+            let _ = stacks.remove(index);
         }
+        let map = self
+            .ebpf
+            .map_mut("STACK_EPOCH")
+            .context("STACK_EPOCH map missing")?;
+        let mut epoch: Array<_, u32> = Array::try_from(map)?;
+        epoch.set(0, next, 0)?;
+        self.stack_epoch = next;
+        Ok(indices.len())
     }
 
     /// Futex waits under the minimum, per address: (address, waits, ns).
@@ -341,12 +379,24 @@ pub const HOST_PROBES: &[(&str, &str, &str)] = &[
     ("slotprof_migrate", "migrate", "mm_migrate_pages"),
 ];
 
+/// The stack map a stack epoch's stacks are in.
+fn stack_map_name(epoch: u32) -> &'static str {
+    if epoch & 1 == 0 {
+        "STACKS"
+    } else {
+        "STACKS_ODD"
+    }
+}
+
 /// Mounts tracefs if needed and loads the object with its settings.
-fn open(tgid: u32, min_offcpu: Duration) -> anyhow::Result<Ebpf> {
+fn open(tgid: u32, min_offcpu: Duration, rotating_stacks: bool) -> anyhow::Result<Ebpf> {
     let tracefs = tracefs::ensure_mounted()?;
     let offsets = Offsets(tracepoint_offsets(&tracefs)?);
     let min_ns = min_offcpu.as_nanos() as u64;
+    // Each stack map entry holds up to 127 frames (~1 KiB of kernel memory).
+    let odd_entries = if rotating_stacks { STACK_MAP_ENTRIES } else { 1 };
     EbpfLoader::new()
+        .map_max_entries("STACKS_ODD", odd_entries)
         .override_global("TARGET_TGID", &tgid, true)
         .override_global("MIN_OFFCPU_NS", &min_ns, true)
         .override_global("MIN_FUTEX_NS", &min_ns, true)

@@ -107,6 +107,7 @@ pub async fn run(
         probe_stats: opts.probe_stats,
         slot_uprobe,
         loop_uprobe,
+        rotating_stacks: false,
         detector_probes: opts.detector_probes,
     })?;
     // Said now, when it matters, and kept for the summary (not said twice).

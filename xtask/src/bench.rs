@@ -43,8 +43,31 @@ fn bin(root: &Path, name: &str) -> PathBuf {
     root.join("target/release").join(name)
 }
 
-/// Runs the storm once; returns its report and, under slotprof, the summary.
-fn storm(root: &Path, v: &Variant, stats: bool, scratch: &Path) -> anyhow::Result<(Value, Option<Value>)> {
+/// One run of the storm: its report, and under slotprof the summary and
+/// slotprof's own CPU seconds (its children's CPU minus the storm's own).
+struct StormRun {
+    report: Value,
+    summary: Option<Value>,
+    tool_cpu_s: f64,
+    /// Context switches a second on the whole machine (/proc/stat ctxt).
+    switches_per_s: f64,
+}
+
+/// Context switches since boot, all CPUs (/proc/stat `ctxt`).
+fn context_switches() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("ctxt ").and_then(|n| n.trim().parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Runs the storm once.
+fn storm(root: &Path, v: &Variant, stats: bool, scratch: &Path) -> anyhow::Result<StormRun> {
+    let before = children_cpu_s();
+    let (switches_before, started) = (context_switches(), std::time::Instant::now());
     let report = scratch.join("storm.json");
     let out = scratch.join("out");
     let storm = bin(root, "futex-storm");
@@ -69,12 +92,25 @@ fn storm(root: &Path, v: &Variant, stats: bool, scratch: &Path) -> anyhow::Resul
     }
     let read =
         |p: &Path| -> anyhow::Result<Value> { Ok(serde_json::from_str(&std::fs::read_to_string(p)?)?) };
+    let spent = children_cpu_s() - before;
+    let switches_per_s = (context_switches() - switches_before) as f64 / started.elapsed().as_secs_f64();
     let summary = if v.slotprof.is_some() {
         Some(read(&out.join("summary.json"))?)
     } else {
         None
     };
-    Ok((read(&report)?, summary))
+    let report = read(&report)?;
+    let tool_cpu_s = if summary.is_some() {
+        (spent - report["cpu_s"].as_f64().unwrap_or(0.0)).max(0.0)
+    } else {
+        0.0
+    };
+    Ok(StormRun {
+        report,
+        summary,
+        tool_cpu_s,
+        switches_per_s,
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -151,21 +187,31 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         _ => bail!("usage: cargo xtask bench [--only overhead|userspace|run]"),
     }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    let mut tool_cpu: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    let mut lost = vec![0u64; VARIANTS.len()];
+    let mut switches: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     for round in 0..ROUNDS {
         for (i, v) in VARIANTS.iter().enumerate() {
-            let (r, _) = storm(root, v, false, &scratch)?;
-            let rate = r["round_trips_per_s"].as_f64().context("storm report")?;
+            let run = storm(root, v, false, &scratch)?;
+            let rate = run.report["round_trips_per_s"].as_f64().context("storm report")?;
             eprintln!(
-                "xtask: bench round {} {:<60} {rate:>8.0} round trips/s",
+                "xtask: bench round {} {:<60} {rate:>8.0} round trips/s, slotprof CPU {:.2} s",
                 round + 1,
-                v.name
+                v.name,
+                run.tool_cpu_s
             );
             rates[i].push(rate);
+            tool_cpu[i].push(run.tool_cpu_s);
+            switches[i].push(run.switches_per_s);
+            if let Some(s) = &run.summary {
+                lost[i] += s["lost"]["total"].as_u64().unwrap_or(0);
+            }
         }
     }
     // The probes' own cost, by the kernel's accounting, all probes on.
-    let (_, summary) = storm(root, &VARIANTS[2], true, &scratch)?;
-    let summary = summary.context("no summary")?;
+    let summary = storm(root, &VARIANTS[2], true, &scratch)?
+        .summary
+        .context("no summary")?;
 
     let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
     let mut md = String::new();
@@ -180,20 +226,36 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let _ = writeln!(md, "`futex-storm` (tests/src/bin/futex-storm.rs): two threads hand a token back and forth through a Mutex and a Condvar; every round trip is two futex waits, two wakes and two context switches. It is the worst case for the futex and sched probes. Each slotprof variant is `slotprof record [options] -- futex-storm --seconds {SECONDS}` at the default 99 Hz.\n");
     let _ = writeln!(
         md,
-        "| variant | round trips/s (median) | ratio to alone | all rounds |"
+        "| variant | round trips/s (median) | ratio to alone | slotprof's own CPU (median, % of one CPU) | events lost (all rounds) | all rounds |"
     );
-    let _ = writeln!(md, "|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let secs: f64 = SECONDS.parse().unwrap_or(3.0);
     for (i, v) in VARIANTS.iter().enumerate() {
         let all: Vec<String> = rates[i].iter().map(|r| format!("{r:.0}")).collect();
+        let (cpu, lost) = if v.slotprof.is_some() {
+            (
+                format!("{:.1}%", 100.0 * median(tool_cpu[i].clone()) / secs),
+                lost[i].to_string(),
+            )
+        } else {
+            ("-".to_string(), "-".to_string())
+        };
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {:.2} | {} |",
+            "| {} | {:.0} | {:.2} | {cpu} | {lost} | {} |",
             v.name,
             medians[i],
             medians[i] / medians[0],
             all.join(", ")
         );
     }
+    let _ = writeln!(
+        md,
+        "
+slotprof's own CPU is its process's user + system time (decoding, aggregation, symbolization and writing the outputs at the end), not the probes' (those run in the kernel, in the storm's threads, and are below). Context switches on the whole machine (/proc/stat ctxt, median): {:.0}k a second with the storm alone, {:.0}k under all probes.",
+        median(switches[0].clone()) / 1000.0,
+        median(switches[2].clone()) / 1000.0
+    );
     let _ = writeln!(
         md,
         "\nThe detector probes alone cost the ratio between the last two rows: {:.2}.\n",
@@ -204,6 +266,19 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         "Per-program cost in one more run with `--probe-stats` (all probes):\n"
     );
     md.push_str(&program_table(&summary));
+    let switch_runs = summary["probe_cost"]["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["program"] == "slotprof_switch")
+        .and_then(|p| p["runs"].as_f64())
+        .unwrap_or(0.0);
+    let _ = writeln!(
+        md,
+        "
+sched_switch ran {:.0}k times a second in that run (every switch on the machine; the storm is slower under the probes).",
+        switch_runs / summary["duration_s"].as_f64().unwrap_or(1.0) / 1000.0
+    );
     let _ = writeln!(
         md,
         "\nAll probes together used {:.2}% of the machine's CPU during that run.",
@@ -708,7 +783,53 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         );
     }
     md.push('\n');
+    md.push_str(&attach_memory(root, scratch)?);
     Ok(md)
+}
+
+/// Peak RSS of a 60 s `slotprof attach` (all probes, 99 Hz) to the
+/// synthetic validator (its bank loop, lock stalls, RPC and worker threads).
+fn attach_memory(root: &Path, scratch: &Path) -> anyhow::Result<String> {
+    const SECONDS: u64 = 60;
+    let mut validator = Command::new(bin(root, "synthetic-validator"))
+        .args(["--slots", &((SECONDS + 10) * 1000 / 400).to_string()])
+        .args(["--lock-stall-every", "5"])
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = scratch.join("attach-60s");
+    let tool = Command::new(bin(root, "slotprof"))
+        .args([
+            "attach",
+            "-p",
+            &validator.id().to_string(),
+            "-d",
+            &format!("{SECONDS}s"),
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // wait4 gives the child's peak RSS (ru_maxrss, KiB) with its status.
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child; the kernel fills status and usage.
+    let r = unsafe { libc::wait4(tool.id() as i32, &mut status, 0, &mut usage) };
+    let _ = validator.kill();
+    let _ = validator.wait();
+    if r < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("slotprof attach for {SECONDS} s failed (wait4 {r}, status {status:#x})");
+    }
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    let peak_mib = usage.ru_maxrss as f64 / 1024.0;
+    eprintln!("xtask: bench attach {SECONDS} s: peak RSS {peak_mib:.1} MiB");
+    Ok(format!(
+        "Memory of an attach session: `slotprof attach -p PID -d {SECONDS}s` (all probes, 99 Hz) to `synthetic-validator --lock-stall-every 5` (its own clock; bank loop, lock stalls, RPC and worker threads): peak RSS {peak_mib:.1} MiB (ru_maxrss from wait4; target <= 64 MiB), {} samples, {} off-CPU intervals, {} lost. An attach session keeps its events in memory until it ends; `slotprof run` (below) does not.\n\n",
+        summary["counts"]["oncpu_samples"],
+        summary["counts"]["offcpu_intervals"],
+        summary["lost"]["total"]
+    ))
 }
 
 /// `cargo bench -p PACKAGE --bench NAME -- ARGS`: its last stdout line, as JSON.

@@ -10,7 +10,7 @@ mod tlb;
 
 use aya_ebpf::{
     macros::map,
-    maps::{LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use profiler_ebpf::{
     counter, FutexStart, FutexTotals, LastWaker, MadviseStart, OffCpuStart, TracepointOffsets,
@@ -77,8 +77,18 @@ fn is_target(tgid: u32) -> bool {
 static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
 
 /// Stacks, deduplicated in the kernel: a record carries only their ids.
+/// Even stack epochs use this map, odd ones `STACKS_ODD`.
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
+
+/// The stack map of odd epochs (only `slotprof run` moves to a new epoch;
+/// other modes load this map with a single entry).
+#[map]
+static STACKS_ODD: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
+
+/// The current stack epoch, written by userspace.
+#[map]
+static STACK_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Threads of the target that are off-CPU right now, by tid.
 #[map]
@@ -121,8 +131,14 @@ const BPF_F_USER_STACK: u64 = 1 << 8;
 /// A stack id, or the negative errno from the helper; lost stacks are counted.
 #[inline(always)]
 fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> i32 {
-    let id = match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
+    let epoch = STACK_EPOCH.get(0).copied().unwrap_or(0);
+    let walked = if epoch & 1 == 0 {
+        ctx.get_stackid(&STACKS, flags)
+    } else {
+        ctx.get_stackid(&STACKS_ODD, flags)
+    };
+    let id = match walked {
+        Ok(index) => profiler_ebpf::stack_id_with_epoch(index as u32, epoch),
         Err(e) => e,
     };
     if profiler_ebpf::stack_lost(id) {

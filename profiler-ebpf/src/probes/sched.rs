@@ -10,7 +10,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_ebpf::{
-    counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT, TASK_INTERRUPTIBLE,
+    counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT,
+    TASK_INTERRUPTIBLE,
 };
 
 use super::{
