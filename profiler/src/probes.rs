@@ -4,7 +4,10 @@
 //! Everything attached here is owned by [`Probes`]: dropping it detaches
 //! every link and unloads every program, on any exit path.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context};
 use aya::{
@@ -22,7 +25,7 @@ use profiler_ebpf::{
 };
 use serde::Serialize;
 
-use crate::tracefs;
+use crate::{aggregate::StackTable, tracefs};
 
 /// The eBPF object built by build.rs from profiler-ebpf.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
@@ -45,10 +48,6 @@ pub struct ProbeConfig {
     pub detector_probes: bool,
     /// A uprobe marking main-loop iterations (`--loop-symbol`).
     pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
-    /// Two stack maps taking turns ([`Probes::next_stack_epoch`]): for
-    /// `slotprof run`, which must never fill the map. Other modes keep every
-    /// stack of the session in one map.
-    pub rotating_stacks: bool,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -132,7 +131,7 @@ impl Probes {
     /// probe that fails to attach is recorded in `status`; failing to attach
     /// any probe at all is an error.
     pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
-        let mut ebpf = open(config.tgid, config.min_offcpu, config.rotating_stacks)?;
+        let mut ebpf = open(config.tgid, config.min_offcpu, true)?;
 
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
@@ -548,5 +547,71 @@ fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> P
         event,
         attached: result.is_ok(),
         error: result.err().map(|e| format!("{e:#}")),
+    }
+}
+
+/// Stacks read from the kernel, kept while events or sleeping threads may
+/// still refer to them (the kernel's copy is gone two epochs later). Used
+/// with [`Probes::next_stack_epoch`] by every mode: a map that only ever
+/// holds the last two epochs' stacks has few hash collisions (a collision
+/// loses the stack: the kernel's stack map has one entry per bucket).
+#[derive(Default)]
+pub struct StackCache {
+    stacks: HashMap<i32, (Vec<u64>, u64)>,
+    generation: u64,
+    rotated: Option<Instant>,
+}
+
+/// The stack maps take turns at most this often: a map is emptied only
+/// when it has not been written for at least this long, so no record a
+/// program is still writing refers to it.
+const STACK_EPOCH_MIN: Duration = Duration::from_millis(200);
+
+impl StackCache {
+    /// The stacks of `ids`, from the cache or the kernel.
+    pub fn table(&mut self, probes: &Probes, ids: impl IntoIterator<Item = i32>) -> StackTable {
+        self.generation += 1;
+        let g = self.generation;
+        let mut table = StackTable::new();
+        for id in ids {
+            if let Some(s) = self.read(probes, id) {
+                table.insert(id, s);
+            }
+        }
+        self.stacks.retain(|_, (_, used)| g - *used < 25);
+        table
+    }
+
+    fn read(&mut self, probes: &Probes, id: i32) -> Option<Vec<u64>> {
+        if let Some((s, used)) = self.stacks.get_mut(&id) {
+            *used = self.generation;
+            return Some(s.clone());
+        }
+        let s = probes.stack(id)?;
+        self.stacks.insert(id, (s.clone(), self.generation));
+        Some(s)
+    }
+
+    /// Starts a new stack epoch (which empties the older of the two maps),
+    /// first copying the stacks that `still_needed` (events not processed
+    /// yet, threads off-CPU now) refers to. Returns the stacks emptied.
+    pub fn rotate(
+        &mut self,
+        probes: &mut Probes,
+        still_needed: impl IntoIterator<Item = i32>,
+    ) -> anyhow::Result<usize> {
+        if self.rotated.is_some_and(|t| t.elapsed() < STACK_EPOCH_MIN) {
+            return Ok(0);
+        }
+        let doomed = probes.stack_epoch().wrapping_sub(1) & STACK_EPOCH_MASK;
+        for id in still_needed.into_iter().filter(|&id| id >= 0) {
+            if let Some((_, used)) = self.stacks.get_mut(&id) {
+                *used = self.generation;
+            } else if split_stack_id(id).0 == doomed {
+                let _ = self.read(probes, id);
+            }
+        }
+        self.rotated = Some(Instant::now());
+        probes.next_stack_epoch()
     }
 }

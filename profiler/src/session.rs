@@ -16,7 +16,7 @@ use crate::{
     aggregate::{Aggregator, StackNamer, StackTable},
     detectors::{self, DetectorConfig},
     events,
-    probes::{ProbeConfig, Probes},
+    probes::{ProbeConfig, Probes, StackCache},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
     slot_export,
     slot_sources::{rpc, SharedSlotLog},
@@ -107,7 +107,6 @@ pub async fn run(
         probe_stats: opts.probe_stats,
         slot_uprobe,
         loop_uprobe,
-        rotating_stacks: false,
         detector_probes: opts.detector_probes,
     })?;
     // Said now, when it matters, and kept for the summary (not said twice).
@@ -169,11 +168,15 @@ pub async fn run(
     let mut ticks = 0u64;
     let mut exited_after = None;
 
+    // Stack ids seen since the last stack epoch began, and in the one
+    // before: what a new epoch may empty from the kernel.
+    let mut stacks = StackCache::default();
+    let mut recent_ids: [Vec<i32>; 2] = Default::default();
     let stop = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut());
+                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0]);
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
@@ -194,6 +197,16 @@ pub async fn run(
                     // New libraries may have been mapped since the last look
                     // (often, right after start; then once a second).
                     let _ = sym.track_process(target.pid);
+                }
+                {
+                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0]);
+                    let in_flight = probes.in_flight_offcpu();
+                    let still_needed = recent_ids.iter().flatten().copied().chain(in_flight.iter().flat_map(
+                        |(_, s)| [s.user_stack_id, s.kernel_stack_id, s.waker_user_stack_id, s.waker_kernel_stack_id],
+                    ));
+                    stacks.rotate(&mut probes, still_needed)?;
+                    recent_ids.rotate_left(1);
+                    recent_ids[0].clear();
                 }
                 if progress && ticks.is_multiple_of(4) {
                     let lost = probes.counters().map(|c| c.lost()).unwrap_or(0);
@@ -222,7 +235,13 @@ pub async fn run(
         let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
         crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
     };
-    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut());
+    drain(
+        ring.get_mut(),
+        &mut agg,
+        &slot_log,
+        saved.as_mut(),
+        &mut recent_ids[0],
+    );
     if let Some(mut w) = saved.take() {
         w.flush().context("--save-events")?;
     }
@@ -250,11 +269,7 @@ pub async fn run(
     }
 
     let counters = probes.counters()?;
-    let stacks: StackTable = agg
-        .stack_ids()
-        .into_iter()
-        .filter_map(|id| probes.stack(id).map(|s| (id, s)))
-        .collect();
+    let stacks: StackTable = stacks.table(&probes, agg.stack_ids());
     let probe_status = probes.status.clone();
     let short_futex = probes.short_futex_waits();
     let probe_cost = opts
@@ -541,6 +556,7 @@ fn drain(
     agg: &mut Aggregator,
     slot_log: &SharedSlotLog,
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
+    stack_ids: &mut Vec<i32>,
 ) {
     while let Some(item) = ring.next() {
         if let Some(w) = saved.as_deref_mut() {
@@ -550,7 +566,10 @@ fn drain(
         }
         match events::decode(&item) {
             Some(events::Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
-            Some(event) => agg.ingest(&event),
+            Some(event) => {
+                stack_ids.extend(event.stack_ids().into_iter().filter(|&id| id >= 0));
+                agg.ingest(&event);
+            }
             None => agg.malformed += 1,
         }
     }

@@ -137,6 +137,7 @@ fn machine() -> String {
 }
 
 /// Section headings (`--only NAME` replaces that section alone).
+const STORM_HEADING: &str = "## Detector probes on a futex-heavy workload";
 const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
 const OVERHEAD_HEADING: &str = "## Overhead on a CPU-bound PoH loop: slotprof and perf";
 const USERSPACE_HEADING: &str = "## The aggregator and the symbolizer (userspace, one core)";
@@ -164,7 +165,8 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let scratch = std::env::temp_dir().join(format!("slotprof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     type Section = fn(&Path, &Path) -> anyhow::Result<String>;
-    let sections: [(&str, &str, Section); 3] = [
+    let sections: [(&str, &str, Section); 4] = [
+        ("storm", STORM_HEADING, storm_section),
         ("overhead", OVERHEAD_HEADING, overhead_section),
         ("userspace", USERSPACE_HEADING, userspace_section),
         ("run", RUN_HEADING, run_section),
@@ -173,7 +175,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         [] => {}
         [o, what] if o == "--only" => {
             let Some((_, heading, f)) = sections.iter().find(|(n, _, _)| n == what) else {
-                bail!("cargo xtask bench --only: {what:?} is not a section: use overhead, userspace or run");
+                bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace or run");
             };
             // Just this section, spliced into the existing file.
             let section = f(root, &scratch)?;
@@ -184,15 +186,43 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             eprintln!("xtask: updated the {what} section of BENCHMARKS.md");
             return Ok(());
         }
-        _ => bail!("usage: cargo xtask bench [--only overhead|userspace|run]"),
+        _ => bail!("usage: cargo xtask bench [--only storm|overhead|userspace|run]"),
     }
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Written by `sudo cargo xtask bench` (do not edit by hand). Machine: {}.\n",
+        machine()
+    );
+    let _ = writeln!(md, "This machine is a noisy VM: each comparison runs its variants interleaved, {ROUNDS} rounds of {SECONDS} s, and reports medians; the probes' own cost is the kernel's accounting (`--probe-stats`, BPF_ENABLE_STATS).\n");
+    md.push_str(&storm_section(root, &scratch)?);
+    md.push_str(&overhead_section(root, &scratch)?);
+    md.push_str(&userspace_section(root, &scratch)?);
+    md.push_str(&phase_probe_section(root, &scratch)?);
+    md.push_str(&host_section(root, &scratch)?);
+    md.push_str(&run_section(root, &scratch)?);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let _ = writeln!(
+        md,
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench              # rewrites this file (about 20 min)\nsudo cargo xtask bench --only run   # one section: storm, overhead, userspace or run (10 min)\n```\n"
+    );
+    let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
+    std::fs::write(root.join("BENCHMARKS.md"), md)?;
+    eprintln!("xtask: wrote BENCHMARKS.md");
+    Ok(())
+}
+
+/// The futex storm: throughput alone and under the probes, slotprof's own
+/// CPU, lost events, and each program's kernel-accounted cost.
+fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     let mut tool_cpu: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     let mut lost = vec![0u64; VARIANTS.len()];
     let mut switches: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     for round in 0..ROUNDS {
         for (i, v) in VARIANTS.iter().enumerate() {
-            let run = storm(root, v, false, &scratch)?;
+            let run = storm(root, v, false, scratch)?;
             let rate = run.report["round_trips_per_s"].as_f64().context("storm report")?;
             eprintln!(
                 "xtask: bench round {} {:<60} {rate:>8.0} round trips/s, slotprof CPU {:.2} s",
@@ -209,20 +239,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         }
     }
     // The probes' own cost, by the kernel's accounting, all probes on.
-    let summary = storm(root, &VARIANTS[2], true, &scratch)?
+    let summary = storm(root, &VARIANTS[2], true, scratch)?
         .summary
         .context("no summary")?;
 
     let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
     let mut md = String::new();
-    let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(
-        md,
-        "Written by `sudo cargo xtask bench` (do not edit by hand). Machine: {}.\n",
-        machine()
-    );
-    let _ = writeln!(md, "This machine is a noisy VM: each comparison runs its variants interleaved, {ROUNDS} rounds of {SECONDS} s, and reports medians; the probes' own cost is the kernel's accounting (`--probe-stats`, BPF_ENABLE_STATS).\n");
-    let _ = writeln!(md, "## Detector probes on a futex-heavy workload\n");
+    let _ = writeln!(md, "{STORM_HEADING}\n");
     let _ = writeln!(md, "`futex-storm` (tests/src/bin/futex-storm.rs): two threads hand a token back and forth through a Mutex and a Condvar; every round trip is two futex waits, two wakes and two context switches. It is the worst case for the futex and sched probes. Each slotprof variant is `slotprof record [options] -- futex-storm --seconds {SECONDS}` at the default 99 Hz.\n");
     let _ = writeln!(
         md,
@@ -317,20 +340,7 @@ sched_switch ran {:.0}k times a second in that run (every switch on the machine;
         base_ns / 1e6,
         100.0 * base_ns / (secs * 1e9 * cpus),
     );
-    md.push_str(&overhead_section(root, &scratch)?);
-    md.push_str(&userspace_section(root, &scratch)?);
-    md.push_str(&phase_probe_section(root, &scratch)?);
-    md.push_str(&host_section(root, &scratch)?);
-    md.push_str(&run_section(root, &scratch)?);
-    let _ = std::fs::remove_dir_all(&scratch);
-    let _ = writeln!(
-        md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench              # rewrites this file (about 20 min)\nsudo cargo xtask bench --only run   # one section: overhead, userspace or run (10 min)\n```\n"
-    );
-    let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
-    std::fs::write(root.join("BENCHMARKS.md"), md)?;
-    eprintln!("xtask: wrote BENCHMARKS.md");
-    Ok(())
+    Ok(md)
 }
 
 /// The guest-mode phase probe's cost to a CPU-bound PoH-like loop on every
@@ -823,9 +833,12 @@ fn attach_memory(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     }
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
     let peak_mib = usage.ru_maxrss as f64 / 1024.0;
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu_s = secs(usage.ru_utime) + secs(usage.ru_stime);
     eprintln!("xtask: bench attach {SECONDS} s: peak RSS {peak_mib:.1} MiB");
     Ok(format!(
-        "Memory of an attach session: `slotprof attach -p PID -d {SECONDS}s` (all probes, 99 Hz) to `synthetic-validator --lock-stall-every 5` (its own clock; bank loop, lock stalls, RPC and worker threads): peak RSS {peak_mib:.1} MiB (ru_maxrss from wait4; target <= 64 MiB), {} samples, {} off-CPU intervals, {} lost. An attach session keeps its events in memory until it ends; `slotprof run` (below) does not.\n\n",
+        "Memory of an attach session: `slotprof attach -p PID -d {SECONDS}s` (all probes, 99 Hz) to `synthetic-validator --lock-stall-every 5` (its own clock; bank loop, lock stalls, RPC and worker threads): peak RSS {peak_mib:.1} MiB (ru_maxrss from wait4; target <= 64 MiB); its own CPU {cpu_s:.2} s in {SECONDS} s ({:.2}% of one CPU, start-up, symbolization and outputs included); {} samples, {} off-CPU intervals, {} lost. An attach session keeps its events in memory until it ends; `slotprof run` (below) does not.\n\n",
+        100.0 * cpu_s / SECONDS as f64,
         summary["counts"]["oncpu_samples"],
         summary["counts"]["offcpu_intervals"],
         summary["lost"]["total"]

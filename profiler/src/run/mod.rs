@@ -25,17 +25,17 @@ use std::{
 
 use anyhow::Context;
 use flamegraphs::pprof::{ProfileMeta, SampleType};
-use profiler_ebpf::{split_stack_id, OffCpuInterval, OffCpuStart, STACK_EPOCH_MASK};
+use profiler_ebpf::{OffCpuInterval, OffCpuStart};
 use symbolizer::Symbolizer;
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
 use crate::{
-    aggregate::{Aggregator, StackNamer, StackTable},
+    aggregate::{Aggregator, StackNamer},
     config::{Config, TargetSpec},
     detectors::{self, DetectorConfig},
     events::{self, Event},
     metrics::{self, Snapshot},
-    probes::{ProbeConfig, Probes},
+    probes::{ProbeConfig, Probes, StackCache},
     slot_sources::{rpc, SharedSlotLog},
     slots::{monotonic_ns, Slot, SlotSourceSpec, Timeline},
     target::Target,
@@ -417,69 +417,6 @@ fn finished_slots(
         .collect()
 }
 
-/// Stacks read from the kernel, kept while events or sleeping threads may
-/// still refer to them (the kernel's copy is gone two epochs later).
-#[derive(Default)]
-struct StackCache {
-    stacks: HashMap<i32, (Vec<u64>, u64)>,
-    generation: u64,
-    rotated: Option<Instant>,
-}
-
-/// The stack maps take turns at most this often: a map is emptied only
-/// when it has not been written for at least this long, so no record a
-/// program is still writing refers to it.
-const STACK_EPOCH_MIN: Duration = Duration::from_millis(200);
-
-impl StackCache {
-    /// The stacks of `ids`, from the cache or the kernel.
-    fn table(&mut self, probes: &Probes, ids: impl IntoIterator<Item = i32>) -> StackTable {
-        self.generation += 1;
-        let g = self.generation;
-        let mut table = StackTable::new();
-        for id in ids {
-            if let Some(s) = self.read(probes, id) {
-                table.insert(id, s);
-            }
-        }
-        self.stacks.retain(|_, (_, used)| g - *used < 25);
-        table
-    }
-
-    fn read(&mut self, probes: &Probes, id: i32) -> Option<Vec<u64>> {
-        if let Some((s, used)) = self.stacks.get_mut(&id) {
-            *used = self.generation;
-            return Some(s.clone());
-        }
-        let s = probes.stack(id)?;
-        self.stacks.insert(id, (s.clone(), self.generation));
-        Some(s)
-    }
-
-    /// Starts a new stack epoch (which empties the older of the two maps),
-    /// first copying the stacks that `still_needed` (events not processed
-    /// yet, threads off-CPU now) refers to. Returns the stacks emptied.
-    fn rotate(
-        &mut self,
-        probes: &mut Probes,
-        still_needed: impl IntoIterator<Item = i32>,
-    ) -> anyhow::Result<usize> {
-        if self.rotated.is_some_and(|t| t.elapsed() < STACK_EPOCH_MIN) {
-            return Ok(0);
-        }
-        let doomed = probes.stack_epoch().wrapping_sub(1) & STACK_EPOCH_MASK;
-        for id in still_needed.into_iter().filter(|&id| id >= 0) {
-            if let Some((_, used)) = self.stacks.get_mut(&id) {
-                *used = self.generation;
-            } else if split_stack_id(id).0 == doomed {
-                let _ = self.read(probes, id);
-            }
-        }
-        self.rotated = Some(Instant::now());
-        probes.next_stack_epoch()
-    }
-}
-
 /// The guest-side phase probe over the last minute.
 struct Phase {
     probe: crate::phase::probe::RunningProbe,
@@ -558,7 +495,6 @@ async fn follow(
         probe_stats: false,
         slot_uprobe,
         loop_uprobe,
-        rotating_stacks: true,
         detector_probes: true,
     })?;
     for p in probes.status.iter().filter(|p| !p.attached) {
