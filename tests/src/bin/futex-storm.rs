@@ -1,20 +1,81 @@
-//! A futex-heavy workload for benchmarks: two threads hand a token back and
-//! forth through a Mutex and a Condvar (every round trip is two futex waits
-//! and two wakes). Reports round trips per second.
+//! A context-switch storm for benchmarks: two threads hand a token back
+//! and forth, through a Mutex and a Condvar (default: every round trip is
+//! two futex waits and two wakes) or through two pipes (`--through pipe`,
+//! one byte each way: the ping-pong of ../shared/notes/benchmarking.md).
+//! Reports round trips per second and its own CPU time.
 //!
-//! `--seconds S` (default 3), `--report FILE`.
+//! `--seconds S` (default 3), `--through futex|pipe`, `--report FILE`.
 
 use std::{
-    sync::{Arc, Condvar, Mutex},
+    fs::File,
+    io::{Read, Write},
+    os::fd::FromRawFd,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Condvar, Mutex,
+    },
     thread,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use slotprof_tests::{name_thread, write_report, Flags};
 
+/// Round trips through two pipes in `run_for`.
+fn pipe_storm(run_for: Duration) -> u64 {
+    let pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills two fds that we then own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    };
+    let ((mut to_pong_r, mut to_pong_w), (mut to_ping_r, mut to_ping_w)) = (pipe(), pipe());
+    let stop = Arc::new(AtomicBool::new(false));
+    let pong = thread::spawn(move || {
+        name_thread("pong");
+        let mut b = [0u8];
+        while to_pong_r.read_exact(&mut b).is_ok() && b[0] != 2 {
+            to_ping_w.write_all(&b).unwrap();
+        }
+    });
+    let ping = thread::spawn({
+        let stop = stop.clone();
+        move || {
+            name_thread("ping");
+            let mut b = [1u8];
+            let mut trips = 0;
+            while !stop.load(Ordering::Relaxed) {
+                to_pong_w.write_all(&[1]).unwrap();
+                to_ping_r.read_exact(&mut b).unwrap();
+                trips += 1;
+            }
+            to_pong_w.write_all(&[2]).unwrap();
+            trips
+        }
+    });
+    thread::sleep(run_for);
+    stop.store(true, Ordering::Relaxed);
+    let trips = ping.join().unwrap();
+    pong.join().unwrap();
+    trips
+}
+
 fn main() {
     let flags = Flags::from_env();
     let run_for = flags.secs("seconds", 3.0);
+    let through_pipe = match flags.get("through") {
+        None | Some("futex") => false,
+        Some("pipe") => true,
+        Some(other) => {
+            eprintln!("futex-storm: --through {other:?}: use futex or pipe");
+            std::process::exit(2);
+        }
+    };
+    if through_pipe {
+        let start = Instant::now();
+        let trips = pipe_storm(run_for);
+        report(&flags, trips, start.elapsed().as_secs_f64());
+        return;
+    }
     // The token: whose turn it is (0 or 1), or 2 to stop.
     let pair = Arc::new((Mutex::new(0u8), Condvar::new()));
     let player = |me: u8, pair: Arc<(Mutex<u8>, Condvar)>| {
@@ -43,7 +104,10 @@ fn main() {
     *pair.0.lock().unwrap() = 2;
     pair.1.notify_all();
     let turns = a.join().unwrap() + b.join().unwrap();
-    let secs = start.elapsed().as_secs_f64();
+    report(&flags, turns / 2, start.elapsed().as_secs_f64());
+}
+
+fn report(flags: &Flags, round_trips: u64, secs: f64) {
     // Its own CPU time, so a tool that runs it as a child can tell its
     // own CPU from the storm's.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -51,12 +115,12 @@ fn main() {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let cpu_s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     write_report(
-        &flags,
+        flags,
         &format!(
             "{{\"pid\":{},\"round_trips\":{},\"round_trips_per_s\":{:.0},\"cpu_s\":{:.3}}}",
             std::process::id(),
-            turns / 2,
-            turns as f64 / 2.0 / secs,
+            round_trips,
+            round_trips as f64 / secs,
             cpu_s(usage.ru_utime) + cpu_s(usage.ru_stime)
         ),
     );
