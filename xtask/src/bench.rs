@@ -860,7 +860,7 @@ fn perf_binary(root: &Path) -> Option<PathBuf> {
     find()
 }
 
-/// What a profiler costs a CPU-bound PoH loop it attaches to for 3 s:
+/// What a profiler costs a CPU-bound PoH loop it attaches to for 10 s:
 /// nothing, `slotprof attach` (all probes, 99 Hz), `perf record -g -F 99`.
 fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let perf = perf_binary(root);
@@ -874,9 +874,9 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let mut tool_cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for round in 0..ROUNDS {
         for (i, name) in variants.iter().enumerate() {
-            // The loop runs 4 s; the profiler attaches for the middle 3 s.
+            // The loop runs 11 s; the profiler attaches for 10 s of it.
             let mut target = Command::new(&poh)
-                .args(["--seconds", "4", "--report", report.to_str().unwrap()])
+                .args(["--seconds", "11", "--report", report.to_str().unwrap()])
                 .spawn()?;
             std::thread::sleep(std::time::Duration::from_millis(300));
             let pid = target.id().to_string();
@@ -885,7 +885,7 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
                 0 => None,
                 1 => Some(
                     Command::new(bin(root, "slotprof"))
-                        .args(["attach", "-p", &pid, "-d", "3s", "--out"])
+                        .args(["attach", "-p", &pid, "-d", "10s", "--out"])
                         .arg(scratch.join("attach-out"))
                         .stdout(std::process::Stdio::null())
                         .stderr(std::process::Stdio::null())
@@ -895,7 +895,7 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
                     Command::new(perf.as_ref().unwrap())
                         .args(["record", "-g", "-F", "99", "-p", &pid, "-o"])
                         .arg(scratch.join("perf.data"))
-                        .args(["--", "sleep", "3"])
+                        .args(["--", "sleep", "10"])
                         .stdout(std::process::Stdio::null())
                         .stderr(std::process::Stdio::null())
                         .spawn()?,
@@ -925,7 +925,7 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
     let mut md = String::new();
     let _ = writeln!(md, "{OVERHEAD_HEADING}\n");
-    let _ = writeln!(md, "`poh-loop` (one sha256 chain per CPU) runs 4 s; 0.3 s in, the profiler attaches to it for 3 s. Throughput is over the whole 4 s, so a cost shows at 3/4 of its size; on this VM throughput alone cannot resolve 1% (see ../shared/notes/benchmarking.md), so each tool's own CPU time (user + system of its process, from wait4) is given too. The probes' kernel-side cost is in the futex-storm section's per-program table. perf's post-processing (`perf report`) is not counted; slotprof's symbolization and output are (they run before it exits).\n");
+    let _ = writeln!(md, "`poh-loop` (one sha256 chain per CPU, on both CPUs: any CPU a tool uses is taken from it) runs 11 s; 0.3 s in, the profiler attaches to it for 10 s. Throughput is over the whole 11 s, so a cost shows at 10/11 of its size; on this VM throughput alone hardly resolves 1% (see ../shared/notes/benchmarking.md), so each tool's own CPU time (user + system of its process, from wait4) is given too. The probes' kernel-side cost is in the futex-storm section's per-program table. perf's post-processing (`perf report`) is not counted; slotprof's symbolization and output are (they run before it exits).\n");
     let _ = writeln!(
         md,
         "| variant | M hashes/s (median) | ratio to alone | tool CPU (median) | all rounds |"
