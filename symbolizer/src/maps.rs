@@ -19,8 +19,11 @@ pub struct Mapping {
 }
 
 /// The memory map of one process, accumulated over its lifetime: a later
-/// snapshot wins where mappings overlap, and mappings that went away are
-/// kept, because samples taken while they existed still point into them.
+/// snapshot wins where mappings overlap, and code mappings that went away
+/// are kept, because samples taken while they existed still point into
+/// them. Data mappings that went away are not: a validator maps and unmaps
+/// account files all the time, and an always-on profiler would keep every
+/// one it ever saw.
 ///
 /// Kept sorted by start and free of overlaps, so a lookup is a binary
 /// search and a merge is `O(n log n)`: a validator maps and unmaps account
@@ -67,7 +70,7 @@ impl ProcessMaps {
         let mut merged: Vec<Mapping> = self
             .mappings
             .drain(..)
-            .filter(|old| !overlaps_newer(old))
+            .filter(|old| old.executable && !overlaps_newer(old))
             .collect();
         merged.extend(newer.mappings);
         merged.sort_by_key(|m| m.start);
@@ -166,5 +169,8 @@ mod tests {
         // The old lib.so overlapped and is gone; the program text stays.
         assert_eq!(maps.find(0x55d0c0a2c010).unwrap().label, "my prog");
         assert!(maps.find(0x1000).is_none());
+        // Data that went away is not kept (code is: the vDSO above).
+        assert!(maps.find(0x7f00aa000010).is_none());
+        assert_eq!(maps.find(0x7ffd1c1f0001).unwrap().label, "[vdso]");
     }
 }

@@ -9,15 +9,61 @@ use blazesym::symbolize::{
 
 use crate::maps::ProcessMaps;
 
+/// Entries per generation of a [`Bounded`] cache: the caches hold at most
+/// twice this many (a few MiB), what an always-on profiler can afford.
+const CACHE_GENERATION: usize = 8192;
+
+/// A cache of bounded size: when the newer generation is full, the older
+/// one is dropped and the newer takes its place. An entry found in the
+/// older generation moves to the newer, so what is in use stays; what has
+/// not been used for a whole generation goes.
+struct Bounded<K, V> {
+    new: HashMap<K, V>,
+    old: HashMap<K, V>,
+    generation: usize,
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Bounded<K, V> {
+    fn new(generation: usize) -> Self {
+        Self {
+            new: HashMap::new(),
+            old: HashMap::new(),
+            generation,
+        }
+    }
+
+    fn get(&mut self, k: &K) -> Option<V> {
+        if let Some(v) = self.new.get(k) {
+            return Some(v.clone());
+        }
+        let (k, v) = self.old.remove_entry(k)?;
+        self.insert(k, v.clone());
+        Some(v)
+    }
+
+    fn insert(&mut self, k: K, v: V) {
+        if self.new.len() >= self.generation {
+            self.old = std::mem::take(&mut self.new);
+        }
+        self.new.insert(k, v);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.new.len() + self.old.len()
+    }
+}
+
 /// Symbolizes user addresses of tracked processes and kernel addresses.
 ///
 /// Results are cached per `(file, offset)` and per kernel address, so each
-/// distinct frame is resolved once per session however many stacks share it.
+/// distinct frame is resolved once however many stacks share it; the
+/// caches are bounded (an always-on session meets ever more addresses).
 pub struct Symbolizer {
     blaze: Blaze,
     processes: HashMap<u32, ProcessMaps>,
-    user_cache: HashMap<(PathBuf, u64), Vec<String>>,
-    kernel_cache: HashMap<u64, Vec<String>>,
+    user_cache: Bounded<(PathBuf, u64), Vec<String>>,
+    kernel_cache: Bounded<u64, Vec<String>>,
     /// Our copy of the vDSO image, written on first need, removed on drop.
     vdso: Option<Option<PathBuf>>,
 }
@@ -45,8 +91,8 @@ impl Symbolizer {
                 .enable_code_info(false)
                 .build(),
             processes: HashMap::new(),
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
+            user_cache: Bounded::new(CACHE_GENERATION),
+            kernel_cache: Bounded::new(CACHE_GENERATION),
             vdso: None,
         }
     }
@@ -93,7 +139,7 @@ impl Symbolizer {
         };
         let key = (path, file_offset);
         if let Some(frames) = self.user_cache.get(&key) {
-            return frames.clone();
+            return frames;
         }
         let src = Source::Elf(Elf::new(&key.0));
         let frames = match self.blaze.symbolize_single(&src, Input::FileOffset(file_offset)) {
@@ -167,7 +213,7 @@ impl Symbolizer {
             addr
         };
         if let Some(frames) = self.kernel_cache.get(&lookup) {
-            return frames.clone();
+            return frames;
         }
         let src = Source::Kernel(Kernel::default());
         let frames = match self.blaze.symbolize_single(&src, Input::AbsAddr(lookup)) {
@@ -203,6 +249,19 @@ fn names(sym: &blazesym::symbolize::Sym<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_caches_stay_bounded_and_keep_what_is_in_use() {
+        let mut c: Bounded<u64, u64> = Bounded::new(4);
+        for k in 0..100 {
+            c.insert(k, k);
+            // Key 0 is used all along: it is never dropped.
+            assert_eq!(c.get(&0), Some(0));
+            assert!(c.len() <= 8, "{} entries", c.len());
+        }
+        assert_eq!(c.get(&1), None, "an entry unused for a generation goes");
+        assert_eq!(c.get(&99), Some(99));
+    }
 
     #[inline(never)]
     fn a_function_with_a_recognizable_name() -> u64 {
