@@ -417,6 +417,19 @@ fn finished_slots(
         .collect()
 }
 
+/// Returns freed heap memory to the system. Writing an hour's or a
+/// window's flamegraphs takes tens of MiB for a moment, and glibc keeps
+/// what is freed: without this the daemon's resident memory stays at that
+/// peak (measured: 46 -> 63 MiB at the first hour change, then flat).
+/// Every 10 s; it costs well under a millisecond.
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; nothing is borrowed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The guest-side phase probe over the last minute.
 struct Phase {
     probe: crate::phase::probe::RunningProbe,
@@ -577,6 +590,9 @@ async fn follow(
                 let alive = target.is_alive();
                 if ticks.is_multiple_of(20) {
                     let _ = sym.track_process(target.pid);
+                }
+                if ticks.is_multiple_of(200) {
+                    give_back_freed_memory();
                 }
                 drain(ring.get_mut(), &mut pending, &slot_log);
                 let now = monotonic_ns();
