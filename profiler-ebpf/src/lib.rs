@@ -363,6 +363,18 @@ pub struct OffCpuStart {
     pub woken_ns: u64,
 }
 
+impl OffCpuStart {
+    /// Every stack id this entry refers to (its own and its waker's).
+    pub const fn stack_ids(&self) -> [i32; 4] {
+        [
+            self.user_stack_id,
+            self.kernel_stack_id,
+            self.waker_user_stack_id,
+            self.waker_kernel_stack_id,
+        ]
+    }
+}
+
 /// Byte offsets of the tracepoint fields the programs read. Userspace takes
 /// them from tracefs `format` files at load time, so a kernel that moves a
 /// field is read correctly instead of silently misread.

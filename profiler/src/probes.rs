@@ -309,7 +309,7 @@ impl Probes {
         self.stack_epoch
     }
 
-    /// Always-on mode: empties the map of the epoch before the current one
+    /// Empties the map of the epoch before the current one
     /// and makes it current (for the next epoch), so neither map fills up
     /// with stacks nobody reads (a switch-out's stacks are walked before it
     /// is known whether the interval will be long enough to be reported).

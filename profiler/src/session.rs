@@ -202,7 +202,7 @@ pub async fn run(
                     drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0]);
                     let in_flight = probes.in_flight_offcpu();
                     let still_needed = recent_ids.iter().flatten().copied().chain(in_flight.iter().flat_map(
-                        |(_, s)| [s.user_stack_id, s.kernel_stack_id, s.waker_user_stack_id, s.waker_kernel_stack_id],
+                        |(_, s)| s.stack_ids(),
                     ));
                     stacks.rotate(&mut probes, still_needed)?;
                     recent_ids.rotate_left(1);

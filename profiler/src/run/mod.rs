@@ -742,14 +742,7 @@ impl Chunk<'_> {
             .events
             .iter()
             .flat_map(Event::stack_ids)
-            .chain(in_flight.iter().flat_map(|(_, s)| {
-                [
-                    s.user_stack_id,
-                    s.kernel_stack_id,
-                    s.waker_user_stack_id,
-                    s.waker_kernel_stack_id,
-                ]
-            }));
+            .chain(in_flight.iter().flat_map(|(_, s)| s.stack_ids()));
         let emptied = stacks.rotate(probes, still_needed)?;
         self.snapshot.lock().unwrap().stacks_emptied += emptied as u64;
         let timeline = Timeline::new(slots.to_vec());
