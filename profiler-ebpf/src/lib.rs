@@ -404,7 +404,8 @@ pub mod counter {
     pub const OFFCPU_INTERVALS: u32 = 1;
     /// Records dropped because the ring buffer was full.
     pub const RING_FULL: u32 = 2;
-    /// Stacks lost: the stack map was full or a hash collided.
+    /// Stacks lost from emitted records: the stack map was full or a hash
+    /// collided when the stack was walked.
     pub const STACK_LOST: u32 = 3;
     /// Off-CPU starts not recorded because the per-thread map was full.
     pub const OFFCPU_START_LOST: u32 = 4;

@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, reg, CpuSample, EventKind, UserRegs, PT_REGS_WORDS};
 
-use super::{count, is_target, stack_id, BPF_F_USER_STACK, EVENTS};
+use super::{count, count_lost_stacks, is_target, stack_id, BPF_F_USER_STACK, EVENTS};
 
 #[perf_event]
 pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
@@ -24,6 +24,7 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
     count(counter::SAMPLES);
     let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
     let kernel_stack_id = stack_id(&ctx, 0);
+    count_lost_stacks(&[user_stack_id, kernel_stack_id]);
     let Some(mut entry) = EVENTS.reserve::<CpuSample>(0) else {
         count(counter::RING_FULL);
         return 0;

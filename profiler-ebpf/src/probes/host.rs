@@ -18,7 +18,7 @@ use profiler_ebpf::{
     OFFCPU_MAP_ENTRIES,
 };
 
-use super::{count, stack_id, EVENTS};
+use super::{count, count_lost_stacks, stack_id, EVENTS};
 
 /// Last stack walked per (tid << 8 | tracepoint).
 #[map]
@@ -62,6 +62,7 @@ fn send(ctx: &TracePointContext, tracepoint: u32) -> u32 {
         Some(c) if now.wrapping_sub(c.ts_ns) < HOST_STACK_REUSE_NS && c.stack_id >= 0 => c.stack_id,
         _ => {
             let id = stack_id(ctx, 0);
+            count_lost_stacks(&[id]);
             let entry = HostStackCache {
                 ts_ns: now,
                 stack_id: id,

@@ -94,6 +94,35 @@ static STACK_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static OFFCPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
+/// One byte per tid slot (`tid & TID_HINT_MASK`), set when a thread of the
+/// target first switches out: a slot still 0 holds no `OFFCPU_START` key, so
+/// the switch-ins and wakeups of every other task on the machine end with a
+/// byte load instead of a hash lookup. Never cleared (a slot shared with an
+/// exited target thread or another tid only costs that lookup).
+static mut TID_HINT: [u8; TID_HINT_SLOTS] = [0; TID_HINT_SLOTS];
+
+const TID_HINT_SLOTS: usize = 1 << 16;
+const TID_HINT_MASK: u32 = (TID_HINT_SLOTS - 1) as u32;
+
+/// Whether `tid` may be in `OFFCPU_START` (false: certainly not).
+#[inline(always)]
+fn maybe_offcpu_target(tid: u32) -> bool {
+    let slot = (tid & TID_HINT_MASK) as usize;
+    unsafe { core::ptr::read_volatile(core::ptr::addr_of!(TID_HINT[slot])) != 0 }
+}
+
+/// Marks `tid` as a thread of the target (before its first `OFFCPU_START` entry).
+#[inline(always)]
+fn hint_target_tid(tid: u32) {
+    let slot = (tid & TID_HINT_MASK) as usize;
+    unsafe {
+        let p = core::ptr::addr_of_mut!(TID_HINT[slot]);
+        if core::ptr::read_volatile(p) == 0 {
+            core::ptr::write_volatile(p, 1);
+        }
+    }
+}
+
 /// Target threads inside madvise(2), by tid.
 #[map]
 static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
@@ -128,7 +157,8 @@ fn count(index: u32) {
 /// `bpf_get_stackid` flag: walk the user stack instead of the kernel's.
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
-/// A stack id, or the negative errno from the helper; lost stacks are counted.
+/// A stack id (with its epoch), or the negative errno from the helper;
+/// see [`count_lost_stacks`].
 #[inline(always)]
 fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64) -> i32 {
     let epoch = STACK_EPOCH.get(0).copied().unwrap_or(0);
@@ -137,12 +167,20 @@ fn stack_id<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, flags: u64)
     } else {
         ctx.get_stackid(&STACKS_ODD, flags)
     };
-    let id = match walked {
+    match walked {
         Ok(index) => profiler_ebpf::stack_id_with_epoch(index as u32, epoch),
         Err(e) => e,
-    };
-    if profiler_ebpf::stack_lost(id) {
-        count(counter::STACK_LOST);
     }
-    id
+}
+
+/// Counts the lost stacks among those of a record being emitted. Walks
+/// whose record is never emitted (a switch-out whose interval turns out
+/// short) are not counted: nobody misses their stacks.
+#[inline(always)]
+fn count_lost_stacks(ids: &[i32]) {
+    for &id in ids {
+        if profiler_ebpf::stack_lost(id) {
+            count(counter::STACK_LOST);
+        }
+    }
 }

@@ -15,8 +15,8 @@ use profiler_ebpf::{
 };
 
 use super::{
-    count, is_target, min_futex_ns, min_offcpu_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_START,
-    LAST_WAKER, OFFCPU_START,
+    count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
+    offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -31,12 +31,15 @@ fn waker_stack_min_ns() -> u64 {
 #[tracepoint]
 pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     let off = offsets();
-    let now = unsafe { bpf_ktime_get_ns() };
 
     // Switch-out: `current` is still the previous task.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    // The clock is read only for a switch of the target's threads: every
+    // other switch on the machine stops at the two filters.
+    let mut now = 0;
     if is_target(tgid) {
+        now = unsafe { bpf_ktime_get_ns() };
         let prev_pid: i32 = unsafe { ctx.read_at(off.switch_prev_pid as usize) }.unwrap_or(0);
         let state: i64 = unsafe { ctx.read_at(off.switch_prev_state as usize) }.unwrap_or(0);
         if prev_pid > 0 {
@@ -62,6 +65,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
                 woken_ns: 0,
                 waker_comm: [0; COMM_LEN],
             };
+            hint_target_tid(prev_pid as u32);
             if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
                 count(counter::OFFCPU_START_LOST);
             }
@@ -74,9 +78,15 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let tid = next_pid as u32;
+    if !maybe_offcpu_target(tid) {
+        return 0;
+    }
     let Some(start) = OFFCPU_START.get_ptr(&tid) else {
         return 0;
     };
+    if now == 0 {
+        now = unsafe { bpf_ktime_get_ns() };
+    }
     let start = unsafe { *start };
     let _ = OFFCPU_START.remove(&tid);
     if start.waker_tid != 0 {
@@ -117,6 +127,11 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     });
     entry.submit(0);
     count(counter::OFFCPU_INTERVALS);
+    count_lost_stacks(&[
+        start.user_stack_id,
+        start.kernel_stack_id,
+        start.waker_kernel_stack_id,
+    ]);
     0
 }
 
@@ -124,6 +139,9 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
 pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     let pid: i32 = unsafe { ctx.read_at(offsets().waking_pid as usize) }.unwrap_or(0);
     if pid <= 0 {
+        return 0;
+    }
+    if !maybe_offcpu_target(pid as u32) {
         return 0;
     }
     let Some(start) = OFFCPU_START.get_ptr_mut(&(pid as u32)) else {

@@ -16,8 +16,8 @@ use profiler_ebpf::{
 };
 
 use super::{
-    count, is_target, min_futex_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_SHORT, FUTEX_START,
-    LAST_WAKER, MADVISE_START,
+    count, count_lost_stacks, is_target, min_futex_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS,
+    FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
 };
 
 #[tracepoint]
@@ -54,6 +54,8 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
         count(counter::RING_FULL);
         return 0;
     };
+    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
+    count_lost_stacks(&[user_stack_id]);
     entry.write(MadviseCall {
         kind: EventKind::Madvise as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -63,7 +65,7 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
         tid,
         len: start.len,
         behavior: start.behavior,
-        user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+        user_stack_id,
         ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
         tlb_local: start.tlb_local,
         tlb_ipis: start.tlb_ipis,
@@ -134,6 +136,8 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
         Some(w) => (w.tid, w.user_stack_id, w.kernel_stack_id, w.comm),
         None => (0, -1, -1, [0; COMM_LEN]),
     };
+    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
+    count_lost_stacks(&[user_stack_id, wu, wk]);
     entry.write(FutexWait {
         kind: EventKind::FutexWait as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -143,7 +147,7 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
         tid,
         uaddr: start.uaddr,
         op: start.op,
-        user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+        user_stack_id,
         ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
         waker_tid,
         waker_user_stack_id: wu,
