@@ -2,9 +2,12 @@
 //! and forth, through a Mutex and a Condvar (default: every round trip is
 //! two futex waits and two wakes) or through two pipes (`--through pipe`,
 //! one byte each way: the ping-pong of ../shared/notes/benchmarking.md).
-//! Reports round trips per second and its own CPU time.
+//! `--pairs N` runs N such pairs at once (default 1): with more pairs than
+//! CPUs a CPU switches from one storm thread straight to another instead of
+//! going idle between handoffs, so the machine switches more often.
+//! Reports round trips per second (all pairs) and its own CPU time.
 //!
-//! `--seconds S` (default 3), `--through futex|pipe`, `--report FILE`.
+//! `--seconds S` (default 3), `--through futex|pipe`, `--pairs N`, `--report FILE`.
 
 use std::{
     fs::File,
@@ -15,13 +18,14 @@ use std::{
         Arc, Condvar, Mutex,
     },
     thread,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use slotprof_tests::{name_thread, write_report, Flags};
 
-/// Round trips through two pipes in `run_for`.
-fn pipe_storm(run_for: Duration) -> u64 {
+/// One pair ping-ponging a byte through two pipes until `stop`; the handle
+/// gives its round trips.
+fn pipe_pair(stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
     let pipe = || {
         let mut fds = [0; 2];
         // SAFETY: pipe(2) fills two fds that we then own.
@@ -29,7 +33,6 @@ fn pipe_storm(run_for: Duration) -> u64 {
         unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
     };
     let ((mut to_pong_r, mut to_pong_w), (mut to_ping_r, mut to_ping_w)) = (pipe(), pipe());
-    let stop = Arc::new(AtomicBool::new(false));
     let pong = thread::spawn(move || {
         name_thread("pong");
         let mut b = [0u8];
@@ -37,26 +40,52 @@ fn pipe_storm(run_for: Duration) -> u64 {
             to_ping_w.write_all(&b).unwrap();
         }
     });
-    let ping = thread::spawn({
-        let stop = stop.clone();
-        move || {
-            name_thread("ping");
-            let mut b = [1u8];
-            let mut trips = 0;
-            while !stop.load(Ordering::Relaxed) {
-                to_pong_w.write_all(&[1]).unwrap();
-                to_ping_r.read_exact(&mut b).unwrap();
-                trips += 1;
-            }
-            to_pong_w.write_all(&[2]).unwrap();
-            trips
+    thread::spawn(move || {
+        name_thread("ping");
+        let mut b = [1u8];
+        let mut trips = 0;
+        while !stop.load(Ordering::Relaxed) {
+            to_pong_w.write_all(&[1]).unwrap();
+            to_ping_r.read_exact(&mut b).unwrap();
+            trips += 1;
         }
-    });
-    thread::sleep(run_for);
-    stop.store(true, Ordering::Relaxed);
-    let trips = ping.join().unwrap();
-    pong.join().unwrap();
-    trips
+        to_pong_w.write_all(&[2]).unwrap();
+        pong.join().unwrap();
+        trips
+    })
+}
+
+/// One pair handing a token through a Mutex and a Condvar until `stop`;
+/// the handle gives its round trips.
+fn futex_pair(stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    // The token: whose turn it is (0 or 1), or 2 to stop.
+    let pair = Arc::new((Mutex::new(0u8), Condvar::new()));
+    let player = |me: u8, pair: Arc<(Mutex<u8>, Condvar)>, stop: Option<Arc<AtomicBool>>| {
+        move || {
+            name_thread(if me == 0 { "ping" } else { "pong" });
+            let (lock, cv) = &*pair;
+            let mut turns = 0u64;
+            let mut turn = lock.lock().unwrap();
+            loop {
+                while *turn != me && *turn != 2 {
+                    turn = cv.wait(turn).unwrap();
+                }
+                if *turn == 2 {
+                    return turns;
+                }
+                // The first player ends the game when told to.
+                let done = stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
+                *turn = if done { 2 } else { 1 - me };
+                turns += 1;
+                cv.notify_one();
+            }
+        }
+    };
+    let b = thread::spawn(player(1, pair.clone(), None));
+    thread::spawn(move || {
+        let a = player(0, pair, Some(stop))();
+        (a + b.join().unwrap()) / 2
+    })
 }
 
 fn main() {
@@ -70,41 +99,22 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if through_pipe {
-        let start = Instant::now();
-        let trips = pipe_storm(run_for);
-        report(&flags, trips, start.elapsed().as_secs_f64());
-        return;
-    }
-    // The token: whose turn it is (0 or 1), or 2 to stop.
-    let pair = Arc::new((Mutex::new(0u8), Condvar::new()));
-    let player = |me: u8, pair: Arc<(Mutex<u8>, Condvar)>| {
-        move || {
-            name_thread(if me == 0 { "ping" } else { "pong" });
-            let (lock, cv) = &*pair;
-            let mut turns = 0u64;
-            let mut turn = lock.lock().unwrap();
-            loop {
-                while *turn != me && *turn != 2 {
-                    turn = cv.wait(turn).unwrap();
-                }
-                if *turn == 2 {
-                    return turns;
-                }
-                *turn = 1 - me;
-                turns += 1;
-                cv.notify_one();
-            }
-        }
-    };
-    let a = thread::spawn(player(0, pair.clone()));
-    let b = thread::spawn(player(1, pair.clone()));
+    let pairs = flags.num("pairs", 1.0).max(1.0) as usize;
+    let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
+    let handles: Vec<_> = (0..pairs)
+        .map(|_| {
+            if through_pipe {
+                pipe_pair(stop.clone())
+            } else {
+                futex_pair(stop.clone())
+            }
+        })
+        .collect();
     thread::sleep(run_for);
-    *pair.0.lock().unwrap() = 2;
-    pair.1.notify_all();
-    let turns = a.join().unwrap() + b.join().unwrap();
-    report(&flags, turns / 2, start.elapsed().as_secs_f64());
+    stop.store(true, Ordering::Relaxed);
+    let trips: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    report(&flags, trips, start.elapsed().as_secs_f64());
 }
 
 fn report(flags: &Flags, round_trips: u64, secs: f64) {
