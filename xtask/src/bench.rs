@@ -34,50 +34,61 @@ struct Variant {
     name: &'static str,
     /// `futex-storm --through`: futex or pipe.
     through: &'static str,
+    /// `futex-storm --pairs`: 1 (a CPU goes idle at every handoff) or 2
+    /// (more threads than CPUs: a CPU switches straight to the next one).
+    pairs: u32,
     tool: Tool,
 }
 
-const VARIANTS: [Variant; 7] = [
+const fn variant(name: &'static str, through: &'static str, pairs: u32, tool: Tool) -> Variant {
     Variant {
-        name: "alone",
-        through: "futex",
-        tool: Tool::Alone,
-    },
-    Variant {
-        name: "slotprof, on/off-CPU probes only (--no-detector-probes)",
-        through: "futex",
-        tool: Tool::Slotprof(&["--no-detector-probes"]),
-    },
-    Variant {
-        name: "slotprof, all probes (+ madvise, futex, TLB, IPI, page faults)",
-        through: "futex",
-        tool: Tool::Slotprof(&[]),
-    },
-    Variant {
-        name: "perf trace -e futex,madvise",
-        through: "futex",
-        tool: Tool::PerfTrace,
-    },
-    Variant {
-        name: "alone",
-        through: "pipe",
-        tool: Tool::Alone,
-    },
-    Variant {
-        name: "slotprof, all probes",
-        through: "pipe",
-        tool: Tool::Slotprof(&[]),
-    },
-    Variant {
-        name: "perf record -e sched:sched_switch -g",
-        through: "pipe",
-        tool: Tool::PerfSwitch,
-    },
+        name,
+        through,
+        pairs,
+        tool,
+    }
+}
+
+const VARIANTS: [Variant; 13] = [
+    variant("alone", "futex", 1, Tool::Alone),
+    variant(
+        "slotprof, on/off-CPU probes only (--no-detector-probes)",
+        "futex",
+        1,
+        Tool::Slotprof(&["--no-detector-probes"]),
+    ),
+    variant(
+        "slotprof, all probes (+ madvise, futex, TLB, IPI, page faults)",
+        "futex",
+        1,
+        Tool::Slotprof(&[]),
+    ),
+    variant("perf trace -e futex,madvise", "futex", 1, Tool::PerfTrace),
+    variant("alone", "pipe", 1, Tool::Alone),
+    variant("slotprof, all probes", "pipe", 1, Tool::Slotprof(&[])),
+    variant(
+        "perf record -e sched:sched_switch -g",
+        "pipe",
+        1,
+        Tool::PerfSwitch,
+    ),
+    variant("alone", "futex", 2, Tool::Alone),
+    variant("slotprof, all probes", "futex", 2, Tool::Slotprof(&[])),
+    variant("perf trace -e futex,madvise", "futex", 2, Tool::PerfTrace),
+    variant("alone", "pipe", 2, Tool::Alone),
+    variant("slotprof, all probes", "pipe", 2, Tool::Slotprof(&[])),
+    variant(
+        "perf record -e sched:sched_switch -g",
+        "pipe",
+        2,
+        Tool::PerfSwitch,
+    ),
 ];
 
-/// The variant with all slotprof probes on the futex storm (the one whose
-/// per-program costs are reported).
+/// The variants with all slotprof probes on the futex storm, one pair and
+/// two (those whose per-program costs are reported).
 const ALL_PROBES: usize = 2;
+const ALL_PROBES_2: usize = 8;
 
 fn bin(root: &Path, name: &str) -> PathBuf {
     root.join("target/release").join(name)
@@ -117,11 +128,14 @@ fn storm(
     let report = scratch.join("storm.json");
     let out = scratch.join("out");
     let storm = bin(root, "futex-storm");
+    let pairs = v.pairs.to_string();
     let storm_args = [
         "--seconds",
         SECONDS,
         "--through",
         v.through,
+        "--pairs",
+        &pairs,
         "--report",
         report.to_str().unwrap(),
     ];
@@ -321,32 +335,22 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         }
     }
     let trip_cost: Vec<f64> = us_per_trip.iter().map(|v| median(v.clone())).collect();
-    // The probes' own cost, by the kernel's accounting, all probes on.
-    let summary = storm(root, &VARIANTS[ALL_PROBES], true, scratch, None)?
-        .summary
-        .context("no summary")?;
-
     let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
-    let alone = |through: &str| {
+    let alone_of = |of: &Variant| {
         variants
             .iter()
-            .position(|v| v.through == through && v.tool == Tool::Alone)
-            .map_or(1.0, |i| medians[i])
+            .position(|v| v.through == of.through && v.pairs == of.pairs && v.tool == Tool::Alone)
     };
+    let alone = |of: &Variant| alone_of(of).map_or(1.0, |i| medians[i]);
     let mut md = String::new();
     let _ = writeln!(md, "{STORM_HEADING}\n");
-    let _ = writeln!(md, "`futex-storm` (tests/src/bin/futex-storm.rs): two threads hand a token back and forth, through a Mutex and a Condvar (futex: every round trip is two futex waits and two wakes) or through two pipes (pipe: the ping-pong of ../shared/notes/benchmarking.md). Every handoff is a context switch out and in: the worst case for the sched probes, and for the futex probes. slotprof runs as `slotprof record [options] -- futex-storm --seconds {SECONDS} --through T` at the default 99 Hz; perf does the same job on the same storm: `perf trace -e futex,madvise` what the futex/madvise probes do, `perf record -e sched:sched_switch -g` what the off-CPU probes do (a stack at every switch).\n");
+    let _ = writeln!(md, "`futex-storm` (tests/src/bin/futex-storm.rs): two threads hand a token back and forth, through a Mutex and a Condvar (futex: every round trip is two futex waits and two wakes) or through two pipes (pipe: the ping-pong of ../shared/notes/benchmarking.md). Every handoff is a context switch out and in: the worst case for the sched probes, and for the futex probes. With one pair a CPU goes idle at every handoff (~90k switches a second here); with two pairs on two CPUs it switches straight from one storm thread to another (~800k a second, every switch between two of the target's threads). slotprof runs as `slotprof record [options] -- futex-storm --seconds {SECONDS} --through T --pairs N` at the default 99 Hz; perf does the same job on the same storm: `perf trace -e futex,madvise` what the futex/madvise probes do, `perf record -e sched:sched_switch -g` what the off-CPU probes do (a stack at every switch).\n");
     let _ = writeln!(
         md,
-        "| storm | variant | storm CPU per round trip (median) | vs alone | round trips/s (median) | ratio to alone | tool's own CPU (median, % of one CPU) | events lost (all rounds) | all rounds (round trips/s) |"
+        "| storm | variant | storm CPU per round trip (median) | vs alone | round trips/s (median) | ratio to alone | context switches/s, machine (median) | tool's own CPU (median, % of one CPU) | events lost (all rounds) | all rounds (round trips/s) |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-    let alone_cost = |through: &str| {
-        variants
-            .iter()
-            .position(|v| v.through == through && v.tool == Tool::Alone)
-            .map_or(1.0, |i| trip_cost[i])
-    };
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let alone_cost = |of: &Variant| alone_of(of).map_or(1.0, |i| trip_cost[i]);
     let secs: f64 = SECONDS.parse().unwrap_or(3.0);
     for (i, v) in variants.iter().enumerate() {
         let all: Vec<String> = rates[i].iter().map(|r| format!("{r:.0}")).collect();
@@ -360,36 +364,62 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {:.1} us | {:+.1} us | {:.0} | {:.2} | {cpu} | {lost} | {} |",
+            "| {}, {} | {} | {:.1} us | {:+.1} us | {:.0} | {:.2} | {:.0}k | {cpu} | {lost} | {} |",
             v.through,
+            if v.pairs == 1 {
+                "1 pair".to_string()
+            } else {
+                format!("{} pairs", v.pairs)
+            },
             v.name,
             trip_cost[i],
-            trip_cost[i] - alone_cost(v.through),
+            trip_cost[i] - alone_cost(v),
             medians[i],
-            medians[i] / alone(v.through),
+            medians[i] / alone(v),
+            median(switches[i].clone()) / 1000.0,
             all.join(", ")
         );
     }
     let _ = writeln!(
         md,
-        "\nThe storm's CPU per round trip is its two threads' user + system time (getrusage) over its round trips: the work of a handoff plus what tracing runs in their context (the probes at their switches, syscalls and wakeups), which is the cost to the traced program. Throughput is not: on this VM the storm often runs faster under tracing (ratios over 1), likely because extra work at each switch keeps a vCPU from going idle between handoffs, and waking an idle vCPU costs more than the probes. A tool's own CPU is its process's user + system time (for slotprof: decoding, aggregation, symbolization and writing the outputs at the end), not the probes' (those run in the kernel, in the storm's threads; below). Context switches on the whole machine (/proc/stat ctxt, median): {:.0}k a second with the futex storm alone, {:.0}k under all slotprof probes.",
-        median(switches[0].clone()) / 1000.0,
-        median(switches[ALL_PROBES].clone()) / 1000.0
+        "\nThe storm's CPU per round trip is its threads' user + system time (getrusage) over its round trips: the work of a handoff plus what tracing runs in their context (the probes at their switches, syscalls and wakeups), which is the cost to the traced program. With one pair, throughput is not: on this VM that storm often runs faster under tracing (ratios over 1), likely because extra work at each switch keeps a vCPU from going idle between handoffs, and waking an idle vCPU costs more than the probes. With two pairs both CPUs are always busy and the ratio is the cost. A tool's own CPU is its process's user + system time (for slotprof: decoding, aggregation, symbolization and writing the outputs at the end), not the probes' (those run in the kernel, in the storm's threads; below)."
     );
     let _ = writeln!(
         md,
-        "\nThe futex storm's throughput moves by more than the detector probes' cost from round to round on this VM (between the two slotprof rows: {:.2}); the kernel's accounting below is the steadier measure.\n",
+        "\nThe one-pair futex storm's throughput moves by more than the detector probes' cost from round to round on this VM (between the first two slotprof rows: {:.2}); the kernel's accounting below is the steadier measure.\n",
         medians[ALL_PROBES] / medians[1]
     );
     let _ = writeln!(
         md,
-        "Per-program cost in one more run with `--probe-stats` (all probes):\n"
+        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 the one-pair table below read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Since then a switch-out inside a futex wait skips the kernel stack walk (the path is always the futex wait; one frame says so), and a wakeup walks the waker's stacks only for a sleep near the reporting minimum (half of --min-offcpu).\n"
     );
+    for (which, title) in [(ALL_PROBES, "one pair"), (ALL_PROBES_2, "two pairs")] {
+        let v = &VARIANTS[which];
+        let summary = storm(root, v, true, scratch, None)?
+            .summary
+            .context("no summary")?;
+        let _ = writeln!(
+            md,
+            "Per-program cost in one more run of the {} storm, {title}, with `--probe-stats` (all probes):\n",
+            v.through
+        );
+        md.push_str(&probe_cost_text(&summary));
+    }
+    let floor = filtered_costs(root, scratch)?;
     let _ = writeln!(
         md,
-        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 this table read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Since then a switch-out inside a futex wait skips the kernel stack walk (the path is always the futex wait; one frame says so), and a wakeup walks the waker's stacks only for a sleep near the reporting minimum (half of --min-offcpu).\n"
+        "The filtered path, what a run costs when the task is not the target's: `slotprof attach --probe-stats` to an idle process (`sleep`) while the two-pair futex storm runs alone: **sched_switch {:.0} ns/run, sched_waking {:.0} ns/run** (target < 150 ns). Both run at every switch and wakeup on the machine; they read the current task's tgid and the woken or incoming tid's byte in a 64 KiB hint of the target's threads, and stop. Run-time stats themselves cost: with both programs' bodies replaced by `return 0` (a one-off experiment, not part of this bench) the same measurement read 47 ns for each. A switch between two of the target's threads costs the table's figure: both stack walks of the outgoing thread (the kernel one skipped in a futex wait), its entry in the off-CPU map, and the incoming thread's entry read and removed; the user stack walk alone is ~1 us of the two-pair figure (measured by leaving it out).\n",
+        floor.0, floor.1
     );
-    md.push_str(&program_table(&summary));
+    Ok(md)
+}
+
+/// The per-program table of a `--probe-stats` summary, what sched_switch
+/// ran at, and the probes' share of the machine, split between the
+/// detectors' probes and the on/off-CPU ones.
+fn probe_cost_text(summary: &Value) -> String {
+    let mut md = String::new();
+    md.push_str(&program_table(summary));
     let switch_runs = summary["probe_cost"]["programs"]
         .as_array()
         .into_iter()
@@ -399,15 +429,8 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         .unwrap_or(0.0);
     let _ = writeln!(
         md,
-        "
-sched_switch ran {:.0}k times a second in that run (every switch on the machine; the storm is slower under the probes).",
+        "\nsched_switch ran {:.0}k times a second in that run (every switch on the machine; the storm is slower under the probes).",
         switch_runs / summary["duration_s"].as_f64().unwrap_or(1.0) / 1000.0
-    );
-    let floor = filtered_costs(root, scratch)?;
-    let _ = writeln!(
-        md,
-        "\nThe floor, what a run costs when it only finds the task is not the target's: `slotprof attach --probe-stats` to an idle process (`sleep`) while the futex storm runs alone: sched_switch {:.0} ns/run, sched_waking {:.0} ns/run (with run-time stats on, which add two clock reads per run). The issue's target of < 150 ns per sched_switch run is below this floor on this VM; what slotprof adds above it at a switch of a target thread is the table's figure minus this one.",
-        floor.0, floor.1
     );
     let _ = writeln!(
         md,
@@ -447,7 +470,7 @@ sched_switch ran {:.0}k times a second in that run (every switch on the machine;
         base_ns / 1e6,
         100.0 * base_ns / (secs * 1e9 * cpus),
     );
-    Ok(md)
+    md
 }
 
 /// (sched_switch, sched_waking) ns per run when no task is the target's:
@@ -471,7 +494,7 @@ fn filtered_costs(root: &Path, scratch: &Path) -> anyhow::Result<(f64, f64)> {
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_millis(700));
     let storm = Command::new(bin(root, "futex-storm"))
-        .args(["--seconds", "3", "--report"])
+        .args(["--seconds", "3", "--pairs", "2", "--report"])
         .arg(scratch.join("filtered-storm.json"))
         .stdout(std::process::Stdio::null())
         .status()?;
@@ -860,32 +883,74 @@ fn perf_binary(root: &Path) -> Option<PathBuf> {
     find()
 }
 
-/// What a profiler costs a CPU-bound PoH loop it attaches to for 10 s:
+/// CLOCK_MONOTONIC now, in ns (the clock of poh-loop's series).
+fn monotonic_ns() -> u64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel fills the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until CLOCK_MONOTONIC reaches `t_ns`.
+fn sleep_until(t_ns: u64) {
+    let now = monotonic_ns();
+    if t_ns > now {
+        std::thread::sleep(std::time::Duration::from_nanos(t_ns - now));
+    }
+}
+
+/// Hashes per second between `from` and `to` (CLOCK_MONOTONIC ns) in a
+/// poh-loop series of (time, hashes so far), linear between its points.
+fn rate_between(series: &[(u64, u64)], from: u64, to: u64) -> Option<f64> {
+    let at = |t: u64| -> Option<f64> {
+        let i = series.windows(2).position(|w| w[0].0 <= t && t <= w[1].0)?;
+        let ((t0, n0), (t1, n1)) = (series[i], series[i + 1]);
+        let f = if t1 > t0 {
+            (t - t0) as f64 / (t1 - t0) as f64
+        } else {
+            0.0
+        };
+        Some(n0 as f64 + f * (n1 as f64 - n0 as f64))
+    };
+    Some((at(to)? - at(from)?) / ((to - from) as f64 / 1e9))
+}
+
+/// What a profiler costs a CPU-bound PoH loop while it is attached:
 /// nothing, `slotprof attach` (all probes, 99 Hz), `perf record -g -F 99`.
 fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
+    /// How long each tool is attached; the loop runs 2.5 s longer.
+    const ATTACH_S: u64 = 20;
+    /// The steady-state window starts this long after the tool is started
+    /// (past loading, verifying and attaching) and ends when its attach
+    /// time would end, before it detaches and writes its outputs.
+    const SETTLE_S: u64 = 2;
     let perf = perf_binary(root);
     let mut variants = vec!["alone", "slotprof attach -F 99 (all probes)"];
     if perf.is_some() {
         variants.push("perf record -g -F 99 -p PID");
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let report = scratch.join("poh-attach.json");
     let poh = bin(root, "poh-loop");
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
-    let mut tool_cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let n = variants.len();
+    let (mut steady, mut whole) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let (mut steady_cpu, mut whole_cpu) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for round in 0..ROUNDS {
         for (i, name) in variants.iter().enumerate() {
-            // The loop runs 11 s; the profiler attaches for 10 s of it.
             let mut target = Command::new(&poh)
-                .args(["--seconds", "11", "--report", report.to_str().unwrap()])
+                .args(["--seconds", &format!("{}.5", ATTACH_S + 2), "--report"])
+                .arg(&report)
                 .spawn()?;
-            std::thread::sleep(std::time::Duration::from_millis(300));
+            std::thread::sleep(std::time::Duration::from_millis(500));
             let pid = target.id().to_string();
             let before = children_cpu_s();
+            let started = monotonic_ns();
+            let duration = format!("{ATTACH_S}");
             let tool = match i {
                 0 => None,
                 1 => Some(
                     Command::new(bin(root, "slotprof"))
-                        .args(["attach", "-p", &pid, "-d", "10s", "--out"])
+                        .args(["attach", "-p", &pid, "-d", &format!("{duration}s"), "--out"])
                         .arg(scratch.join("attach-out"))
                         .stdout(std::process::Stdio::null())
                         .stderr(std::process::Stdio::null())
@@ -895,50 +960,80 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
                     Command::new(perf.as_ref().unwrap())
                         .args(["record", "-g", "-F", "99", "-p", &pid, "-o"])
                         .arg(scratch.join("perf.data"))
-                        .args(["--", "sleep", "10"])
+                        .args(["--", "sleep", &duration])
                         .stdout(std::process::Stdio::null())
                         .stderr(std::process::Stdio::null())
                         .spawn()?,
                 ),
+            };
+            let (from, to) = (
+                started + SETTLE_S * 1_000_000_000,
+                started + ATTACH_S * 1_000_000_000,
+            );
+            sleep_until(from);
+            let cpu_from = tool.as_ref().and_then(|t| cpu_seconds(t.id()));
+            sleep_until(to);
+            let cpu_to = tool.as_ref().and_then(|t| cpu_seconds(t.id()));
+            let window_cpu = match (cpu_from, cpu_to) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0.0,
             };
             if let Some(mut t) = tool {
                 let st = t.wait()?;
                 if !st.success() {
                     bail!("{name} failed ({st})");
                 }
-                tool_cpu[i].push(children_cpu_s() - before);
+                whole_cpu[i].push(children_cpu_s() - before);
             } else {
-                tool_cpu[i].push(0.0);
+                whole_cpu[i].push(0.0);
             }
             target.wait()?;
             let r: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
-            let rate = r["hashes_per_s"].as_f64().context("poh report")?;
+            let series: Vec<(u64, u64)> = r["series"]
+                .as_array()
+                .context("poh report: no series")?
+                .iter()
+                .filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?)))
+                .collect();
+            let rate = rate_between(&series, from, to).context("poh series does not cover the window")?;
+            let window_s = (to - from) as f64 / 1e9;
+            steady_cpu[i].push(100.0 * window_cpu / (window_s * cpus));
+            whole[i].push(r["hashes_per_s"].as_f64().context("poh report")?);
             eprintln!(
-                "xtask: bench round {} {name:<60} {:>8.1} M hashes/s, tool CPU {:.2} s",
+                "xtask: bench round {} {name:<40} {:>6.2} M hashes/s attached ({:.2} whole run), tool CPU {:.2} s in the window, {:.2} s in all",
                 round + 1,
                 rate / 1e6,
-                tool_cpu[i].last().unwrap()
+                whole[i].last().unwrap() / 1e6,
+                window_cpu,
+                whole_cpu[i].last().unwrap()
             );
-            rates[i].push(rate);
+            steady[i].push(rate);
         }
     }
-    let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+    let med_steady: Vec<f64> = steady.iter().map(|r| median(r.clone())).collect();
+    let med_whole: Vec<f64> = whole.iter().map(|r| median(r.clone())).collect();
     let mut md = String::new();
     let _ = writeln!(md, "{OVERHEAD_HEADING}\n");
-    let _ = writeln!(md, "`poh-loop` (one sha256 chain per CPU, on both CPUs: any CPU a tool uses is taken from it) runs 11 s; 0.3 s in, the profiler attaches to it for 10 s. Throughput is over the whole 11 s, so a cost shows at 10/11 of its size; on this VM throughput alone hardly resolves 1% (see ../shared/notes/benchmarking.md), so each tool's own CPU time (user + system of its process, from wait4) is given too. The probes' kernel-side cost is in the futex-storm section's per-program table. perf's post-processing (`perf report`) is not counted; slotprof's symbolization and output are (they run before it exits).\n");
     let _ = writeln!(
         md,
-        "| variant | M hashes/s (median) | ratio to alone | tool CPU (median) | all rounds |"
+        "`poh-loop` (one sha256 chain per CPU, on both CPUs: any CPU a tool uses is taken from it) runs {}.5 s; 0.5 s in, a profiler is started for {ATTACH_S} s. **While attached** is the loop's rate from {SETTLE_S} s after the tool was started (past loading, verifying and attaching its programs) to {ATTACH_S} s after (before it detaches and writes its outputs), from the loop's own series (its hash count every 100 ms); the tool's CPU in that window (utime + stime from /proc) is given as a share of the machine's {cpus} CPUs. **Whole run** is the loop's rate over all its time and the tool's CPU from start to exit (wait4): slotprof's includes loading its programs and, at the end, symbolizing and writing its outputs while the loop still runs; perf's post-processing (`perf report`) is not run. Medians of {ROUNDS} interleaved rounds. On this VM throughput alone hardly resolves 1% (see ../shared/notes/benchmarking.md); the probes' kernel-side cost is in the futex-storm section's per-program table.\n",
+        ATTACH_S + 2
     );
-    let _ = writeln!(md, "|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| variant | while attached: M hashes/s (median) | ratio to alone | tool CPU (% of the machine) | whole run: ratio to alone | tool CPU | while attached, all rounds |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     for (i, name) in variants.iter().enumerate() {
-        let all: Vec<String> = rates[i].iter().map(|r| format!("{:.1}", r / 1e6)).collect();
+        let all: Vec<String> = steady[i].iter().map(|r| format!("{:.2}", r / 1e6)).collect();
         let _ = writeln!(
             md,
-            "| {name} | {:.1} | {:.3} | {:.2} s | {} |",
-            medians[i] / 1e6,
-            medians[i] / medians[0],
-            median(tool_cpu[i].clone()),
+            "| {name} | {:.2} | **{:.3}** | {:.2}% | {:.3} | {:.2} s | {} |",
+            med_steady[i] / 1e6,
+            med_steady[i] / med_steady[0],
+            median(steady_cpu[i].clone()),
+            med_whole[i] / med_whole[0],
+            median(whole_cpu[i].clone()),
             all.join(", ")
         );
     }
