@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, reg, CpuSample, EventKind, UserRegs, PT_REGS_WORDS};
 
-use super::{count, count_lost_stacks, is_target, stack_id, BPF_F_USER_STACK, EVENTS};
+use super::{count, count_lost_stacks, is_target, stack_id, submit_flags, BPF_F_USER_STACK, EVENTS};
 
 #[perf_event]
 pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
@@ -39,7 +39,7 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         kernel_stack_id,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     user_regs(&ctx, tgid, pid_tgid as u32);
     0
 }
@@ -76,7 +76,7 @@ fn user_regs(ctx: &PerfEventContext, tgid: u32, tid: u32) {
             tid,
             regs,
         });
-        entry.submit(0);
+        entry.submit(submit_flags());
     }
     #[cfg(not(bpf_target_arch = "x86_64"))]
     let _ = (ctx, tgid, tid);

@@ -76,6 +76,23 @@ fn is_target(tgid: u32) -> bool {
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
 
+/// Flags for submitting a record of the target: no wakeup of the reader per
+/// record (it drains the ring on its own tick: every 50 ms in `run`, 250 ms
+/// in attach/record), but a forced one once an eighth of the ring waits, so
+/// a burst cannot fill it between ticks. A wakeup per record woke slotprof
+/// hundreds of times a second, each time on a CPU the target was using.
+#[inline(always)]
+fn submit_flags() -> u64 {
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= (RING_BYTES / 8) as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 /// Stacks, deduplicated in the kernel: a record carries only their ids.
 /// Even stack epochs use this map, odd ones `STACKS_ODD`.
 #[map]

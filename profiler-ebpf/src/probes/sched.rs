@@ -16,7 +16,7 @@ use profiler_ebpf::{
 
 use super::{
     count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
-    offsets, stack_id, BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
+    offsets, stack_id, submit_flags, BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -125,7 +125,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         waker_comm: start.waker_comm,
         woken_ns: start.woken_ns,
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
     count_lost_stacks(&[
         start.user_stack_id,

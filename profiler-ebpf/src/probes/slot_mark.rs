@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, EventKind, LoopMark, SlotMark};
 
-use super::{count, is_target, EVENTS, PAGE_FAULTS};
+use super::{count, is_target, submit_flags, EVENTS, PAGE_FAULTS};
 
 #[uprobe]
 pub fn slotprof_slot(ctx: ProbeContext) -> u32 {
@@ -32,7 +32,7 @@ pub fn slotprof_slot(ctx: ProbeContext) -> u32 {
         tid: pid_tgid as u32,
         arg0: ctx.arg::<u64>(0).unwrap_or(0),
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     0
 }
 
@@ -58,6 +58,6 @@ pub fn slotprof_loop(_ctx: ProbeContext) -> u32 {
             .get_ptr(&(pid_tgid as u32))
             .map_or(0, |n| unsafe { *n }),
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     0
 }

@@ -16,8 +16,8 @@ use profiler_ebpf::{
 };
 
 use super::{
-    count, count_lost_stacks, is_target, min_futex_ns, offsets, stack_id, BPF_F_USER_STACK, EVENTS,
-    FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
+    count, count_lost_stacks, is_target, min_futex_ns, offsets, stack_id, submit_flags, BPF_F_USER_STACK,
+    EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
 };
 
 #[tracepoint]
@@ -71,7 +71,7 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
         tlb_ipis: start.tlb_ipis,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     0
 }
 
@@ -156,6 +156,6 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         waker_comm: wcomm,
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     0
 }
