@@ -827,6 +827,7 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let mib = |b: u64| b as f64 / 1048576.0;
     let mut md = String::new();
     let _ = writeln!(md, "{RUN_HEADING}\n");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let _ = writeln!(md, "`slotprof run` with the sample configuration's defaults (49 Hz, off-CPU and detector probes, the phase probe on every CPU, export of slots with findings and leader slots, hourly profiles) against `synthetic-validator` over its RPC fixture for {MINUTES} minutes (a lock stall every 5th slot, so every 5th slot has a finding).\n");
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| RSS after 1 min | {:.1} MiB |", mib(one));
@@ -839,8 +840,9 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let _ = writeln!(md, "| peak RSS sampled | {:.1} MiB |", mib(peak));
     let _ = writeln!(
         md,
-        "| slotprof CPU | {cpu:.1} s in {wall:.0} s ({:.2}% of one CPU) |",
-        100.0 * cpu / wall
+        "| slotprof CPU | {cpu:.1} s in {wall:.0} s ({:.2}% of one CPU; the phase probe's bursts, slotprof's own threads, are {:.0}% of one CPU of that by construction: 1 ms every 100 ms on each of {cpus} CPUs) |",
+        100.0 * cpu / wall,
+        cpus as f64
     );
     let _ = writeln!(md, "| slots | {} |", metric("slotprof_slots_exported_total"));
     let _ = writeln!(md, "| findings | {} |", metric("slotprof_findings_total"));
