@@ -255,10 +255,24 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         ("userspace", USERSPACE_HEADING, userspace_section),
         ("run", RUN_HEADING, run_section),
     ];
-    match args {
-        [] => {}
-        [o, what] if o == "--only" => {
-            let Some((_, heading, f)) = sections.iter().find(|(n, _, _)| n == what) else {
+    let mut only = None;
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match (a.as_str(), rest.next()) {
+            ("--only", Some(what)) => only = Some(what.clone()),
+            ("--run-minutes", Some(n)) => match n.parse::<u64>() {
+                Ok(n) if n >= 2 => RUN_MINUTES.store(n, std::sync::atomic::Ordering::Relaxed),
+                _ => bail!(
+                    "cargo xtask bench --run-minutes: {n:?} is not a whole number of minutes (2 or more)"
+                ),
+            },
+            _ => bail!("usage: cargo xtask bench [--only storm|overhead|userspace|run] [--run-minutes N]"),
+        }
+    }
+    match only {
+        None => {}
+        Some(what) => {
+            let Some((_, heading, f)) = sections.iter().find(|(n, _, _)| *n == what.as_str()) else {
                 bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace or run");
             };
             // Just this section, spliced into the existing file.
@@ -270,7 +284,6 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             eprintln!("xtask: updated the {what} section of BENCHMARKS.md");
             return Ok(());
         }
-        _ => bail!("usage: cargo xtask bench [--only storm|overhead|userspace|run]"),
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
@@ -289,7 +302,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench              # rewrites this file (about 25 min)\nsudo cargo xtask bench --only run   # one section: storm, overhead, userspace or run (10 min)\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (about 35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace or run (10 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on run for longer\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;
@@ -734,11 +747,14 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
-/// `slotprof run` for ten minutes against the synthetic validator (its RPC
-/// fixture, a lock stall every 5th slot): resident memory at 1 and 10
-/// minutes, slotprof's CPU.
+/// How long the always-on section runs (`--run-minutes`, default 10).
+static RUN_MINUTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(10);
+
+/// `slotprof run` for `--run-minutes` against the synthetic validator (its
+/// RPC fixture, a lock stall every 5th slot): resident memory after 1 minute
+/// and at the end, slotprof's CPU.
 fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
-    const MINUTES: u64 = 10;
+    let minutes = RUN_MINUTES.load(std::sync::atomic::Ordering::Relaxed);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
@@ -757,7 +773,7 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
             export.display()
         ),
     )?;
-    let slots = (MINUTES * 60 * 1000 / 400 + 20).to_string();
+    let slots = (minutes * 60 * 1000 / 400 + 20).to_string();
     let mut validator = Command::new(bin(root, "synthetic-validator"))
         .args([
             "--rpc-port",
@@ -782,7 +798,7 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let pid = daemon.id();
     let started = std::time::Instant::now();
     let mut samples: Vec<(f64, u64)> = Vec::new();
-    while started.elapsed() < std::time::Duration::from_secs(MINUTES * 60) {
+    while started.elapsed() < std::time::Duration::from_secs(minutes * 60) {
         std::thread::sleep(std::time::Duration::from_secs(10));
         if let Some(r) = rss(pid) {
             samples.push((started.elapsed().as_secs_f64(), r));
@@ -828,12 +844,12 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let mut md = String::new();
     let _ = writeln!(md, "{RUN_HEADING}\n");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _ = writeln!(md, "`slotprof run` with the sample configuration's defaults (49 Hz, off-CPU and detector probes, the phase probe on every CPU, export of slots with findings and leader slots, hourly profiles) against `synthetic-validator` over its RPC fixture for {MINUTES} minutes (a lock stall every 5th slot, so every 5th slot has a finding).\n");
+    let _ = writeln!(md, "`slotprof run` with the sample configuration's defaults (49 Hz, off-CPU and detector probes, the phase probe on every CPU, export of slots with findings and leader slots, hourly profiles) against `synthetic-validator` over its RPC fixture for {minutes} minutes (a lock stall every 5th slot, so every 5th slot has a finding).\n");
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| RSS after 1 min | {:.1} MiB |", mib(one));
     let _ = writeln!(
         md,
-        "| RSS after {MINUTES} min | {:.1} MiB ({:+.1}%) |",
+        "| RSS after {minutes} min | {:.1} MiB ({:+.1}%) |",
         mib(ten),
         100.0 * (ten as f64 / one.max(1) as f64 - 1.0)
     );
@@ -849,10 +865,18 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let _ = writeln!(md, "| lost | {} |", metric("slotprof_lost_events_total"));
     let series: Vec<String> = samples
         .iter()
-        .step_by(6)
+        .step_by(6 * (minutes as usize / 10).max(1))
         .map(|(t, r)| format!("{:.0} s {:.1}", t, mib(*r)))
         .collect();
-    let _ = writeln!(md, "\nRSS every minute (MiB): {}.\n", series.join(", "));
+    let _ = writeln!(
+        md,
+        "\nRSS every {} (MiB): {}.\n",
+        match minutes / 10 {
+            0 | 1 => "minute".to_string(),
+            n => format!("{n} minutes"),
+        },
+        series.join(", ")
+    );
     Ok(md)
 }
 

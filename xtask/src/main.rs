@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only run]>"
+                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]>"
             );
             return ExitCode::from(2);
         }
