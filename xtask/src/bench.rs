@@ -863,6 +863,37 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let _ = writeln!(md, "| slots | {} |", metric("slotprof_slots_exported_total"));
     let _ = writeln!(md, "| findings | {} |", metric("slotprof_findings_total"));
     let _ = writeln!(md, "| lost | {} |", metric("slotprof_lost_events_total"));
+    let quarter = wall * 0.75;
+    let _ = writeln!(
+        md,
+        "\nOver the last quarter of the run ({quarter:.0} s to {wall:.0} s) RSS went from {:.1} to {:.1} MiB.",
+        mib(at(quarter)),
+        mib(ten)
+    );
+    let findings: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("slotprof_findings_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    if findings > 0.0 {
+        let full_s = 1000.0 * wall / findings;
+        let _ = write!(
+            md,
+            "The run keeps the latest 1,000 findings in memory (findings.json and the index); at this run's rate ({findings:.0} in {wall:.0} s) that list {} after about {:.0} minutes",
+            if full_s <= wall { "was full" } else { "would be full" },
+            full_s / 60.0
+        );
+        let _ = if full_s <= wall {
+            writeln!(
+                md,
+                "; from then to the end RSS went from {:.1} to {:.1} MiB.",
+                mib(at(full_s)),
+                mib(ten)
+            )
+        } else {
+            writeln!(md, ".")
+        };
+    }
     let series: Vec<String> = samples
         .iter()
         .step_by(6 * (minutes as usize / 10).max(1))
