@@ -29,10 +29,15 @@ pub const STACK_MAP_ENTRIES: u32 = 1 << STACK_INDEX_BITS;
 /// bits above carry the stack epoch (see [`stack_id_with_epoch`]).
 pub const STACK_INDEX_BITS: u32 = 14;
 
-/// Stack epochs are counted modulo this many (17 bits: an id stays a
-/// positive i32). `slotprof run` starts a new epoch after each slot it
-/// processes, so an id names one stack for 2^17 slots (~14 h at 400 ms).
-pub const STACK_EPOCH_MASK: u32 = (1 << 17) - 1;
+/// Stack epochs are counted modulo this many (16 bits: a kernel stack id
+/// stays below [`USER_STACK_ID_BASE`]). `slotprof run` starts a new epoch
+/// after each slot it processes, so an id names one stack for 2^16 slots
+/// (~7 h at 400 ms).
+pub const STACK_EPOCH_MASK: u32 = (1 << 16) - 1;
+
+/// Stack ids from here up name user stacks unwound in userspace (from
+/// copies of the stack); below it, the kernel's stack maps.
+pub const USER_STACK_ID_BASE: i32 = 1 << 30;
 
 /// The id userspace sees for entry `index` of the stack map of `epoch`:
 /// even epochs use `STACKS`, odd ones `STACKS_ODD`, and each map is emptied
@@ -75,7 +80,68 @@ pub enum EventKind {
     UserRegs = 7,
     /// [`HostEvent`].
     Host = 8,
+    /// [`UserStackHeader`] and the stack bytes after it.
+    UserStack = 9,
 }
+
+/// Most bytes of user stack copied per stack (four pages; `perf
+/// --call-graph dwarf` copies 8 KiB by default). The copy starts at the
+/// stack pointer and stops early at the first page that cannot be read.
+pub const USER_STACK_BYTES: usize = 16384;
+
+/// Why a [`UserStackHeader`] was taken: whose stack it is.
+pub mod stack_for {
+    /// A cpu-clock sample (the record before it, of the same thread).
+    pub const SAMPLE: u32 = 1;
+    /// A system call's exit: for the thread's records marked
+    /// [`super::USER_STACK_NEXT`] (an off-CPU interval that began in this
+    /// call, a futex wait, a madvise call).
+    pub const SYSCALL_EXIT: u32 = 2;
+    /// A switch-out outside any system call (a preemption, a page-fault
+    /// sleep): for the off-CPU interval that begins at `start_ns`.
+    pub const SWITCH_OUT: u32 = 3;
+}
+
+/// A copy of the top of a thread's user stack and the registers to unwind
+/// it from; `len` bytes of the stack (from `sp` up) follow this header in
+/// the same record. Userspace unwinds it with the modules' CFI.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserStackHeader {
+    /// [`EventKind::UserStack`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Stack bytes after the header (0: the copy failed).
+    pub len: u32,
+    /// [`stack_for`].
+    pub why: u32,
+    /// For [`stack_for::SWITCH_OUT`]: the off-CPU interval's start.
+    pub start_ns: u64,
+}
+
+/// The per-CPU scratch space a user stack record is built in.
+#[repr(C)]
+pub struct UserStackRecord {
+    pub header: UserStackHeader,
+    /// A page more than is ever sent: the verifier can then check the
+    /// copy loop with a masked offset.
+    pub stack: [u8; USER_STACK_BYTES + 4096],
+}
+
+/// User stack id of a record whose user stack is the next
+/// [`UserStackHeader`] of the same thread (taken right after it, or at the
+/// exit of the system call the thread is in).
+pub const USER_STACK_NEXT: i32 = -10_001;
+
+/// User stack id of an off-CPU interval whose user stack was copied at its
+/// switch-out ([`stack_for::SWITCH_OUT`] with the same start).
+pub const USER_STACK_AT_SWITCH_OUT: i32 = -10_002;
 
 /// Words of a tracepoint record a [`HostEvent`] carries (after the 8-byte
 /// common header): enough for every field `slotprof host` reads.
@@ -245,6 +311,14 @@ pub struct FutexStart {
     pub _pad: u32,
 }
 
+/// A user stack to copy at the thread's next system call exit: the stack
+/// pointer it must still have (else it came back another way).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingUserStack {
+    pub user_sp: u64,
+}
+
 /// Who last woke a thread (kept from switch-in to its next syscall exit).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -350,6 +424,9 @@ pub struct OffCpuInterval {
 #[derive(Clone, Copy, Debug)]
 pub struct OffCpuStart {
     pub start_ns: u64,
+    /// The user stack pointer at the switch-out (the deferred copy checks
+    /// it is unchanged at the system call's exit).
+    pub user_sp: u64,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
     pub state: u32,
@@ -417,8 +494,20 @@ pub mod counter {
     pub const SYSCALL_START_LOST: u32 = 7;
     /// Host-side memory events sent (`slotprof host`).
     pub const HOST_EVENTS: u32 = 8;
+    /// User stacks copied at a system call's exit (deferred from the
+    /// switch-in of an interval that was reported).
+    pub const USER_STACKS_AT_EXIT: u32 = 9;
+    /// User stacks copied at a switch-out outside a system call.
+    pub const USER_STACKS_AT_SWITCH_OUT: u32 = 10;
+    /// User stacks copied for cpu-clock samples.
+    pub const USER_STACKS_SAMPLED: u32 = 11;
+    /// User stack copies that failed (nothing readable at the stack pointer).
+    pub const USER_STACK_COPY_FAILED: u32 = 12;
+    /// A deferred stack found the thread back in user space by another way
+    /// (its registers had changed): not taken.
+    pub const USER_STACK_CONTEXT_CHANGED: u32 = 13;
     /// Number of counters.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 14;
 }
 
 /// Kernel stack id of an off-CPU interval that began in a futex wait: the

@@ -518,6 +518,17 @@ impl<'a> StackNamer<'a> {
         } else if let Some(addrs) = self.stacks.get(&id) {
             let mut leaf_first = Vec::new();
             for (i, &addr) in addrs.iter().enumerate() {
+                if !kernel && symbolizer::unwind::marker::is_marker(addr) {
+                    // Why the unwound stack ends here.
+                    let name = symbolizer::unwind::marker::name(addr);
+                    leaf_first.push(match (addr, i.checked_sub(1).map(|j| addrs[j])) {
+                        (symbolizer::unwind::marker::NO_UNWIND_INFO, Some(prev)) => {
+                            format!("{name} {}", self.sym.module_offset(tgid, prev, i > 1))
+                        }
+                        _ => name.to_string(),
+                    });
+                    continue;
+                }
                 let names = if kernel {
                     self.sym.kernel_frame(addr, i > 0)
                 } else {

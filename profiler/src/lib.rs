@@ -30,6 +30,7 @@ pub mod slots;
 pub mod target;
 pub mod topology;
 pub mod tracefs;
+pub mod user_stacks;
 
 /// slotprof's version, as written into every summary.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

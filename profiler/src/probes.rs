@@ -185,6 +185,15 @@ impl Probes {
                 &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
             ));
         }
+        // Deferred user stacks of off-CPU intervals are copied at the
+        // system call's exit. Attached after the futex and madvise exits:
+        // those copy the stack themselves when they emit a record (and
+        // take the deferred one with it), so running first saves a copy.
+        status.push(attach_tracepoint(
+            &mut ebpf,
+            "slotprof_sys_exit",
+            &[("raw_syscalls", "sys_exit")],
+        ));
         for (program, uprobe) in [
             ("slotprof_slot", &config.slot_uprobe),
             ("slotprof_loop", &config.loop_uprobe),
@@ -288,7 +297,7 @@ impl Probes {
     /// The addresses of stack `id`, leaf first; `None` for an error id or a
     /// stack the map no longer holds.
     pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
-        if id < 0 {
+        if !(0..profiler_ebpf::USER_STACK_ID_BASE).contains(&id) {
             return None;
         }
         let (epoch, index) = split_stack_id(id);
@@ -557,6 +566,10 @@ fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> P
 /// loses the stack: the kernel's stack map has one entry per bucket).
 #[derive(Default)]
 pub struct StackCache {
+    /// User stacks unwound from copies (ids from `USER_STACK_ID_BASE` up).
+    pub user: crate::user_stacks::UserStacks,
+    /// tid -> (start of its open interval, its user stack read from /proc).
+    sleepers: HashMap<u32, (u64, i32)>,
     stacks: HashMap<i32, (Vec<u64>, u64)>,
     generation: u64,
     rotated: Option<Instant>,
@@ -583,6 +596,9 @@ impl StackCache {
     }
 
     fn read(&mut self, probes: &Probes, id: i32) -> Option<Vec<u64>> {
+        if crate::user_stacks::is_unwound(id) {
+            return self.user.get(id);
+        }
         if let Some((s, used)) = self.stacks.get_mut(&id) {
             *used = self.generation;
             return Some(s.clone());
@@ -590,6 +606,35 @@ impl StackCache {
         let s = probes.stack(id)?;
         self.stacks.insert(id, (s.clone(), self.generation));
         Some(s)
+    }
+
+    /// The user stack of a thread asleep now (an interval still open),
+    /// read once per interval from /proc: no system call exit has copied
+    /// it yet. Keeps the kernel's marker when it cannot be read.
+    pub fn user_stack_of_sleeper(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        start: &OffCpuStart,
+        sym: &symbolizer::Symbolizer,
+    ) -> i32 {
+        if start.user_stack_id >= 0 {
+            return start.user_stack_id;
+        }
+        if let Some(&(s, id)) = self.sleepers.get(&tid) {
+            if s == start.start_ns {
+                return id;
+            }
+        }
+        let id = self
+            .user
+            .of_sleeping_thread(pid, tid, sym)
+            .unwrap_or(start.user_stack_id);
+        self.sleepers.insert(tid, (start.start_ns, id));
+        if self.sleepers.len() > 65_536 {
+            self.sleepers.clear();
+        }
+        id
     }
 
     /// Starts a new stack epoch (which empties the older of the two maps),
@@ -604,7 +649,10 @@ impl StackCache {
             return Ok(0);
         }
         let doomed = probes.stack_epoch().wrapping_sub(1) & STACK_EPOCH_MASK;
-        for id in still_needed.into_iter().filter(|&id| id >= 0) {
+        for id in still_needed
+            .into_iter()
+            .filter(|&id| id >= 0 && !crate::user_stacks::is_unwound(id))
+        {
             if let Some((_, used)) = self.stacks.get_mut(&id) {
                 *used = self.generation;
             } else if split_stack_id(id).0 == doomed {

@@ -176,7 +176,7 @@ pub async fn run(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0]);
+                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user, &sym);
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
@@ -199,7 +199,8 @@ pub async fn run(
                     let _ = sym.track_process(target.pid);
                 }
                 {
-                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0]);
+                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user, &sym);
+                    stacks.user.expire(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
                     let in_flight = probes.in_flight_offcpu();
                     let still_needed = recent_ids.iter().flatten().copied().chain(in_flight.iter().flat_map(
                         |(_, s)| s.stack_ids(),
@@ -241,7 +242,12 @@ pub async fn run(
         &slot_log,
         saved.as_mut(),
         &mut recent_ids[0],
+        &mut stacks.user,
+        &sym,
     );
+    stacks
+        .user
+        .flush(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
     if let Some(mut w) = saved.take() {
         w.flush().context("--save-events")?;
     }
@@ -264,6 +270,10 @@ pub async fn run(
             }
             let comm =
                 std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
+            let mut start = start;
+            // Still asleep: no system call exit will copy its stack; it is
+            // read from /proc while the thread is blocked.
+            start.user_stack_id = stacks.user_stack_of_sleeper(target.pid, tid, &start, &sym);
             agg.still_off_cpu(tid, &start, now, comm.trim_end());
         }
     }
@@ -551,26 +561,38 @@ async fn wait_for_exec(held: &Target) -> Target {
     Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     agg: &mut Aggregator,
     slot_log: &SharedSlotLog,
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
     stack_ids: &mut Vec<i32>,
+    user: &mut crate::user_stacks::UserStacks,
+    sym: &Symbolizer,
 ) {
+    user.begin_batch();
     while let Some(item) = ring.next() {
         if let Some(w) = saved.as_deref_mut() {
             if events::write_raw(w, &item).is_err() {
                 agg.malformed += 1;
             }
         }
-        match events::decode(&item) {
-            Some(events::Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
-            Some(event) => {
-                stack_ids.extend(event.stack_ids().into_iter().filter(|&id| id >= 0));
-                agg.ingest(&event);
-            }
-            None => agg.malformed += 1,
+        if user
+            .feed(&item, sym, &mut |e| ingest(agg, slot_log, stack_ids, e))
+            .is_err()
+        {
+            agg.malformed += 1;
+        }
+    }
+}
+
+fn ingest(agg: &mut Aggregator, slot_log: &SharedSlotLog, stack_ids: &mut Vec<i32>, event: events::Event) {
+    match event {
+        events::Event::SlotMark(m) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
+        event => {
+            stack_ids.extend(event.stack_ids().into_iter().filter(|&id| id >= 0));
+            agg.ingest(&event);
         }
     }
 }

@@ -13,5 +13,6 @@ pub mod frame_pointers;
 pub mod functions;
 pub mod maps;
 mod symbolize;
+pub mod unwind;
 
 pub use symbolize::Symbolizer;

@@ -150,6 +150,19 @@ impl Symbolizer {
         frames
     }
 
+    /// `module+0xoffset` (file offset) of a user address of `pid`.
+    pub fn module_offset(&self, pid: u32, addr: u64, is_return_address: bool) -> String {
+        let lookup = if is_return_address {
+            addr.saturating_sub(1)
+        } else {
+            addr
+        };
+        match self.processes.get(&pid).and_then(|m| m.find(lookup)) {
+            Some(m) => format!("{}+{:#x}", m.label, lookup - m.start + m.file_offset),
+            None => format!("{addr:#x}"),
+        }
+    }
+
     /// Where the function holding user address `addr` of `pid` starts
     /// (an address in the same process), if its symbol is known.
     pub fn function_start(&mut self, pid: u32, addr: u64) -> Option<u64> {

@@ -1,7 +1,8 @@
 //! cpu-clock sampling: one software perf event per CPU calls this program.
 //!
-//! Each sample of the target goes to the ring buffer with its time and two
-//! stack ids. Streaming beats aggregating in the kernel here: at 99 Hz on
+//! Each sample of the target goes to the ring buffer with its time and its
+//! kernel stack id, followed by a copy of its user stack (unwound in
+//! userspace). Streaming beats aggregating in the kernel here: at 99 Hz on
 //! every CPU it is a few hundred 48-byte records a second, and each sample's
 //! timestamp is what lets userspace place it in a slot.
 
@@ -10,9 +11,15 @@ use aya_ebpf::{
     macros::perf_event,
     programs::PerfEventContext,
 };
-use profiler_ebpf::{counter, reg, CpuSample, EventKind, UserRegs, PT_REGS_WORDS};
+use profiler_ebpf::{
+    counter, reg, stack_for, CpuSample, EventKind, UserRegs, PT_REGS_WORDS, USER_STACK_NEXT,
+};
 
-use super::{count, count_lost_stacks, is_target, stack_id, submit_flags, BPF_F_USER_STACK, EVENTS};
+use super::{
+    count, count_lost_stacks, is_target, stack_id, submit_flags,
+    user_stack::{send_no_stack, send_user_stack, user_regs_now},
+    EVENTS,
+};
 
 #[perf_event]
 pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
@@ -22,9 +29,10 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     count(counter::SAMPLES);
-    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
+    // The user stack is the copy sent right after this record.
+    let user_stack_id = USER_STACK_NEXT;
     let kernel_stack_id = stack_id(&ctx, 0);
-    count_lost_stacks(&[user_stack_id, kernel_stack_id]);
+    count_lost_stacks(&[kernel_stack_id]);
     let Some(mut entry) = EVENTS.reserve::<CpuSample>(0) else {
         count(counter::RING_FULL);
         return 0;
@@ -40,6 +48,14 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     entry.submit(submit_flags());
+    match user_regs_now() {
+        Some(regs) => {
+            if send_user_stack(&regs, stack_for::SAMPLE, 0) {
+                count(counter::USER_STACKS_SAMPLED);
+            }
+        }
+        None => send_no_stack(stack_for::SAMPLE),
+    }
     user_regs(&ctx, tgid, pid_tgid as u32);
     0
 }

@@ -7,6 +7,7 @@ mod sched;
 mod slot_mark;
 mod syscalls;
 mod tlb;
+mod user_stack;
 
 use aya_ebpf::{
     macros::map,

@@ -10,13 +10,15 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_ebpf::{
-    counter, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT,
-    TASK_INTERRUPTIBLE,
+    counter, stack_for, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT,
+    TASK_INTERRUPTIBLE, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
 };
 
 use super::{
     count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
-    offsets, stack_id, submit_flags, BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
+    offsets, stack_id, submit_flags,
+    user_stack::{defer_user_stack, send_user_stack, user_regs_now},
+    BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -52,9 +54,23 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
             } else {
                 stack_id(&ctx, 0)
             };
+            // The user stack: copied at the system call's exit if this
+            // interval is reported (deferred, see user_stack.rs), or now
+            // when the thread left outside a system call.
+            let (user_stack_id, user_sp) = match user_regs_now() {
+                Some(r) if r.in_syscall => (USER_STACK_NEXT, r.sp),
+                Some(r) => {
+                    if send_user_stack(&r, stack_for::SWITCH_OUT, now) {
+                        count(counter::USER_STACKS_AT_SWITCH_OUT);
+                    }
+                    (USER_STACK_AT_SWITCH_OUT, r.sp)
+                }
+                None => (-14, 0),
+            };
             let start = OffCpuStart {
                 start_ns: now,
-                user_stack_id: stack_id(&ctx, BPF_F_USER_STACK),
+                user_sp,
+                user_stack_id,
                 kernel_stack_id,
                 state: state as u32,
                 waker_tid: 0,
@@ -103,6 +119,9 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
+    if start.user_stack_id == USER_STACK_NEXT {
+        defer_user_stack(tid, start.user_sp);
+    }
     let Some(mut entry) = EVENTS.reserve::<OffCpuInterval>(0) else {
         count(counter::RING_FULL);
         return 0;
@@ -127,11 +146,7 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     });
     entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
-    count_lost_stacks(&[
-        start.user_stack_id,
-        start.kernel_stack_id,
-        start.waker_kernel_stack_id,
-    ]);
+    count_lost_stacks(&[start.kernel_stack_id, start.waker_kernel_stack_id]);
     0
 }
 

@@ -1,9 +1,9 @@
 //! madvise(2) and futex(2) of the target, from the syscalls tracepoints.
 //!
 //! Enter records the arguments per thread (a map write, no stack); exit
-//! emits the call with the user stack taken there: the thread is still in
-//! its own context returning from the syscall, so its user stack is the
-//! caller's, and short futex waits never pay for a stack walk at all.
+//! emits the call, then a copy of the user stack taken there: the thread is
+//! still in its own context returning from the syscall, so its user stack
+//! is the caller's, and short futex waits never pay for a stack at all.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
@@ -12,12 +12,12 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{
     counter, futex_op_waits, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall, MadviseStart,
-    COMM_LEN,
+    COMM_LEN, USER_STACK_NEXT,
 };
 
 use super::{
-    count, count_lost_stacks, is_target, min_futex_ns, offsets, stack_id, submit_flags, BPF_F_USER_STACK,
-    EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
+    count, count_lost_stacks, is_target, min_futex_ns, offsets, submit_flags,
+    user_stack::send_stack_at_syscall_exit, EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
 };
 
 #[tracepoint]
@@ -54,8 +54,7 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
         count(counter::RING_FULL);
         return 0;
     };
-    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
-    count_lost_stacks(&[user_stack_id]);
+    let user_stack_id = USER_STACK_NEXT;
     entry.write(MadviseCall {
         kind: EventKind::Madvise as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -72,6 +71,7 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
     entry.submit(submit_flags());
+    send_stack_at_syscall_exit(tid);
     0
 }
 
@@ -136,8 +136,8 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
         Some(w) => (w.tid, w.user_stack_id, w.kernel_stack_id, w.comm),
         None => (0, -1, -1, [0; COMM_LEN]),
     };
-    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK);
-    count_lost_stacks(&[user_stack_id, wu, wk]);
+    let user_stack_id = USER_STACK_NEXT;
+    count_lost_stacks(&[wu, wk]);
     entry.write(FutexWait {
         kind: EventKind::FutexWait as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -157,5 +157,6 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
         waker_comm: wcomm,
     });
     entry.submit(submit_flags());
+    send_stack_at_syscall_exit(tid);
     0
 }

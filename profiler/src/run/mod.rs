@@ -33,7 +33,7 @@ use crate::{
     aggregate::{Aggregator, StackNamer},
     config::{Config, TargetSpec},
     detectors::{self, DetectorConfig},
-    events::{self, Event},
+    events::Event,
     metrics::{self, Snapshot},
     probes::{ProbeConfig, Probes, StackCache},
     slot_sources::{rpc, SharedSlotLog},
@@ -295,6 +295,13 @@ struct Pending {
 }
 
 impl Pending {
+    fn push(&mut self, slot_log: &SharedSlotLog, e: Event) {
+        match e {
+            Event::SlotMark(m) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
+            e => self.events.push(e),
+        }
+    }
+
     /// Moves every event that ended before `b` (clipped at `c`, the end of
     /// the previous chunk) into `agg`; splits off-CPU intervals at `b`.
     fn take_until(&mut self, c: u64, b: u64, agg: &mut Aggregator) {
@@ -359,6 +366,7 @@ impl Pending {
     }
 
     /// Counts threads still off-CPU at `b` up to `b`.
+    #[allow(clippy::too_many_arguments)]
     fn count_open(
         &mut self,
         open: &[(u32, OffCpuStart)],
@@ -367,6 +375,7 @@ impl Pending {
         b: u64,
         min_ns: u64,
         agg: &mut Aggregator,
+        user_stack_of: &mut dyn FnMut(u32, &OffCpuStart) -> i32,
     ) {
         let open_tids: std::collections::HashSet<u32> = open.iter().map(|(t, _)| *t).collect();
         self.carried.retain(|tid, _| open_tids.contains(tid));
@@ -384,6 +393,7 @@ impl Pending {
                     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
                 let mut part = *s;
                 part.start_ns = from;
+                part.user_stack_id = user_stack_of(*tid, s);
                 agg.still_off_cpu(*tid, &part, b, comm.trim_end());
             }
             self.carried.insert(*tid, (s.start_ns, b));
@@ -569,7 +579,7 @@ async fn follow(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut pending, &slot_log);
+                drain(guard.get_inner_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
                 guard.clear_ready();
             }
             e = signals.next() => match e {
@@ -594,7 +604,8 @@ async fn follow(
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
                 }
-                drain(ring.get_mut(), &mut pending, &slot_log);
+                drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
+                stacks.user.expire(&mut |e| pending.push(&slot_log, e));
                 let now = monotonic_ns();
                 let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
                 if !done.is_empty() {
@@ -611,7 +622,8 @@ async fn follow(
     };
     // What ended before now is written; the slot in progress is not (it
     // would be a partial slot).
-    drain(ring.get_mut(), &mut pending, &slot_log);
+    drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
+    stacks.user.flush(&mut |e| pending.push(&slot_log, e));
     let now = monotonic_ns() + GRACE_NS;
     let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
     if !done.is_empty() {
@@ -687,12 +699,17 @@ fn update_lost(
     }
 }
 
-fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pending: &mut Pending, slot_log: &SharedSlotLog) {
+fn drain(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    pending: &mut Pending,
+    slot_log: &SharedSlotLog,
+    user: &mut crate::user_stacks::UserStacks,
+    sym: &Symbolizer,
+) {
+    user.begin_batch();
     while let Some(item) = ring.next() {
-        match events::decode(&item) {
-            Some(Event::SlotMark(m)) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
-            Some(e) => pending.events.push(e),
-            None => pending.malformed += 1,
+        if user.feed(&item, sym, &mut |e| pending.push(slot_log, e)).is_err() {
+            pending.malformed += 1;
         }
     }
 }
@@ -734,6 +751,7 @@ impl Chunk<'_> {
             b,
             self.config.min_offcpu.as_nanos() as u64,
             &mut agg,
+            &mut |tid, start| stacks.user_stack_of_sleeper(self.target.pid, tid, start, sym),
         );
         let table = stacks.table(probes, agg.stack_ids());
         // Stacks of events still pending and of threads asleep now are

@@ -1,0 +1,206 @@
+//! User stacks as copies: the registers and the top of the stack go to
+//! userspace, which unwinds them with each module's CFI (binaries without
+//! frame pointers: release builds, Rust's std, glibc, jemalloc).
+//!
+//! A copy is only made for what will be reported: a cpu-clock sample, a
+//! futex wait or madvise call being emitted, and an off-CPU interval that
+//! turned out long enough. The interval's length is known only at its
+//! switch-in, when the thread is not running; but a thread that blocked in
+//! a system call goes back to user space through that call's exit, with
+//! the user stack it had when it blocked, so its stack is copied there
+//! ([`slotprof_sys_exit`]), in its own context. A thread switched out
+//! outside a system call (preempted, or asleep in a page fault) has no
+//! such exit: its stack is copied at the switch-out.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
+    },
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray},
+    programs::TracePointContext,
+};
+use profiler_ebpf::{
+    counter, reg, stack_for, EventKind, PendingUserStack, UserStackHeader, UserStackRecord,
+    OFFCPU_MAP_ENTRIES, USER_STACK_BYTES,
+};
+
+use super::{count, maybe_offcpu_target, submit_flags, EVENTS};
+
+/// Where a record is built (16 KiB: too big for the BPF stack).
+#[map]
+static USER_STACK_SCRATCH: PerCpuArray<UserStackRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads whose user stack is to be copied at their next system call exit.
+#[map]
+static PENDING_USER_STACK: LruHashMap<u32, PendingUserStack> =
+    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// The user registers of the current thread, as saved at its last entry to
+/// the kernel (system call, interrupt or exception).
+#[derive(Clone, Copy)]
+pub struct UserRegsNow {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Whether the thread entered the kernel by the 64-bit `syscall`
+    /// instruction (it will leave through a system call exit): `orig_ax`
+    /// holds a system call number and `cx` the return address, which the
+    /// instruction put there. Interrupts store -1 in `orig_ax`; exceptions
+    /// store an error code, but not the return address in `cx`.
+    pub in_syscall: bool,
+}
+
+#[inline(always)]
+pub fn user_regs_now() -> Option<UserRegsNow> {
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u64;
+    if regs.is_null() {
+        return None;
+    }
+    let word = |i: usize| unsafe { bpf_probe_read_kernel(regs.add(i)) }.unwrap_or(0);
+    let ip = word(reg::RIP);
+    let cs = word(reg::CS);
+    if cs & 3 != 3 {
+        return None; // a kernel thread: no user context
+    }
+    const ORIG_AX: usize = 15;
+    let orig_ax = word(ORIG_AX) as i64;
+    Some(UserRegsNow {
+        ip,
+        sp: word(reg::RSP),
+        bp: word(reg::RBP),
+        in_syscall: orig_ax >= 0 && word(reg::RCX) == ip,
+    })
+}
+
+/// Copies the current thread's user stack into a record and sends it.
+/// Returns whether anything was copied.
+#[inline(always)]
+pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
+    let Some(rec) = USER_STACK_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let rec = unsafe { &mut *rec };
+    let sp = regs.sp;
+    // The first piece ends at the page boundary above sp, then whole pages
+    // until one cannot be read (the end of the stack mapping) or the copy
+    // is full.
+    let first = (4096 - (sp & 4095)) as u32;
+    let mut len: usize = 0;
+    let base = rec.stack.as_mut_ptr();
+    if sp != 0 && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
+        len = first as usize;
+        let mut page = 0;
+        while page < USER_STACK_BYTES / 4096 - 1 && len < USER_STACK_BYTES {
+            // Masked so the verifier sees the bound (the record has a
+            // page of slack past USER_STACK_BYTES for exactly this).
+            let off = len & (USER_STACK_BYTES - 1);
+            if unsafe { bpf_probe_read_user(base.add(off).cast(), 4096, (sp + off as u64) as *const _) } != 0
+            {
+                break;
+            }
+            len = off + 4096;
+            page += 1;
+        }
+    }
+    let len = len.min(USER_STACK_BYTES) as u32;
+    if len == 0 {
+        count(counter::USER_STACK_COPY_FAILED);
+    }
+    rec.header = UserStackHeader {
+        kind: EventKind::UserStack as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        tgid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        ip: regs.ip,
+        sp,
+        bp: regs.bp,
+        len,
+        why,
+        start_ns,
+    };
+    let total = core::mem::size_of::<UserStackHeader>() + (len as usize & (USER_STACK_BYTES * 2 - 1));
+    if total > core::mem::size_of::<UserStackRecord>() {
+        return false;
+    }
+    let bytes = unsafe { core::slice::from_raw_parts((rec as *const UserStackRecord).cast::<u8>(), total) };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        count(counter::RING_FULL);
+        return false;
+    }
+    len > 0
+}
+
+/// Sends an empty stack record (the copy could not be made): userspace
+/// learns that the thread's waiting records get no stack.
+#[inline(always)]
+pub fn send_no_stack(why: u32) {
+    let regs = UserRegsNow {
+        ip: 0,
+        sp: 0,
+        bp: 0,
+        in_syscall: false,
+    };
+    send_user_stack(&regs, why, 0);
+}
+
+/// Asks for `tid`'s user stack at its next system call exit, where its
+/// stack pointer must still be `user_sp`.
+#[inline(always)]
+pub fn defer_user_stack(tid: u32, user_sp: u64) {
+    let _ = PENDING_USER_STACK.insert(&tid, &PendingUserStack { user_sp }, 0);
+}
+
+/// Takes a deferred stack now if one is pending for the current thread
+/// (its system call is returning). Returns whether one was pending.
+#[inline(always)]
+pub fn take_pending_user_stack(tid: u32) -> bool {
+    let Some(p) = PENDING_USER_STACK.get_ptr(&tid) else {
+        return false;
+    };
+    let want_sp = unsafe { (*p).user_sp };
+    let _ = PENDING_USER_STACK.remove(&tid);
+    match user_regs_now() {
+        Some(regs) if regs.sp == want_sp => {
+            if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
+                count(counter::USER_STACKS_AT_EXIT);
+            }
+        }
+        _ => {
+            count(counter::USER_STACK_CONTEXT_CHANGED);
+            send_no_stack(stack_for::SYSCALL_EXIT);
+        }
+    }
+    true
+}
+
+/// At a system call exit that emitted a record marked
+/// [`profiler_ebpf::USER_STACK_NEXT`]: copies the stack once, for that
+/// record and for a deferred interval of the same call if there is one.
+#[inline(always)]
+pub fn send_stack_at_syscall_exit(tid: u32) {
+    let _ = PENDING_USER_STACK.remove(&tid);
+    match user_regs_now() {
+        Some(regs) => {
+            if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
+                count(counter::USER_STACKS_AT_EXIT);
+            }
+        }
+        None => send_no_stack(stack_for::SYSCALL_EXIT),
+    }
+}
+
+/// raw_syscalls:sys_exit: copies a deferred user stack (see the module
+/// doc). Every other system call on the machine stops at the tid hint.
+#[tracepoint]
+pub fn slotprof_sys_exit(_ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if !maybe_offcpu_target(tid) {
+        return 0;
+    }
+    take_pending_user_stack(tid);
+    0
+}

@@ -1,0 +1,616 @@
+//! Joins the kernel's user stack copies to the records they belong to,
+//! unwinds them (CFI, see `symbolizer::unwind`) and gives each distinct
+//! stack an id above [`USER_STACK_ID_BASE`], so everything downstream keeps
+//! working with stack ids.
+//!
+//! How a record finds its copy (see `profiler-ebpf/src/probes/user_stack.rs`):
+//! - `USER_STACK_NEXT`: the next copy of the same thread. A sample's copy
+//!   follows it at once; a futex wait's or madvise call's at its exit; an
+//!   off-CPU interval that began in a system call gets the copy taken at
+//!   that call's exit (the thread's user stack has not changed since it
+//!   blocked). Such records wait here for it.
+//! - `USER_STACK_AT_SWITCH_OUT`: the copy taken when the interval began
+//!   (outside a system call), matched by the interval's start.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use profiler_ebpf::{
+    stack_for, EventKind, UserStackHeader, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
+};
+use symbolizer::{
+    unwind::{marker, End, Unwinder},
+    Symbolizer,
+};
+
+use crate::events::{self, Event};
+
+/// A record waits this long for its thread's stack copy, then goes on
+/// with `[user stack not taken]` (a thread that exits inside a system call
+/// never comes back to user space).
+const HOLD_FOR: Duration = Duration::from_secs(2);
+
+/// Records held at most; past this the oldest go on without a stack.
+const MAX_HELD: usize = 200_000;
+
+/// An interned stack unused for this long is forgotten (records still
+/// waiting to be processed hold theirs by using it).
+const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+/// Which way the user stacks of reported records were taken, for the summary.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StackSources {
+    /// Off-CPU intervals whose stack was copied at their system call's exit.
+    pub offcpu_at_syscall_exit: u64,
+    /// Off-CPU intervals whose stack was copied at the switch-out (no system call).
+    pub offcpu_at_switch_out: u64,
+    /// Off-CPU intervals without a user stack (thread exited or came back
+    /// another way, copy failed), and other records likewise.
+    pub offcpu_not_taken: u64,
+    pub samples: u64,
+    pub samples_not_taken: u64,
+    pub syscall_records: u64,
+    pub syscall_records_not_taken: u64,
+    /// Stack copies received, and their bytes.
+    pub copies: u64,
+    pub copy_bytes: u64,
+    /// Copies taken at a switch-out that no reported interval used.
+    pub switch_out_copies_unused: u64,
+    /// Malformed stack records (never trusted).
+    pub malformed: u64,
+}
+
+/// A ring-buffer record that is not one.
+#[derive(Debug)]
+pub struct Malformed;
+
+struct Held {
+    since: Instant,
+    event: Event,
+}
+
+/// A switch-out copy waiting for its interval: raw, unwound only if used.
+struct SwitchOutCopy {
+    start_ns: u64,
+    header: UserStackHeader,
+    bytes: Vec<u8>,
+}
+
+/// See the module doc.
+pub struct UserStacks {
+    pub unwinder: Unwinder,
+    ids: HashMap<i32, (Arc<[u64]>, Instant)>,
+    by_frames: HashMap<Arc<[u64]>, i32>,
+    next: i32,
+    held: HashMap<u32, Vec<Held>>,
+    held_count: usize,
+    switch_out: HashMap<u32, SwitchOutCopy>,
+    synced: Vec<u32>,
+    pub sources: StackSources,
+    last_sweep: Instant,
+}
+
+impl Default for UserStacks {
+    fn default() -> Self {
+        Self {
+            unwinder: Unwinder::new(),
+            ids: HashMap::new(),
+            by_frames: HashMap::new(),
+            next: 0,
+            held: HashMap::new(),
+            held_count: 0,
+            switch_out: HashMap::new(),
+            synced: Vec::new(),
+            sources: StackSources::default(),
+            last_sweep: Instant::now(),
+        }
+    }
+}
+
+/// Whether `id` names a stack unwound here.
+pub const fn is_unwound(id: i32) -> bool {
+    id >= USER_STACK_ID_BASE
+}
+
+fn user_stack_id_mut(e: &mut Event) -> Option<&mut i32> {
+    match e {
+        Event::Sample(s) => Some(&mut s.user_stack_id),
+        Event::OffCpu(o) => Some(&mut o.user_stack_id),
+        Event::Madvise(m) => Some(&mut m.user_stack_id),
+        Event::FutexWait(f) => Some(&mut f.user_stack_id),
+        _ => None,
+    }
+}
+
+fn tid_of(e: &Event) -> u32 {
+    match e {
+        Event::Sample(s) => s.tid,
+        Event::OffCpu(o) => o.tid,
+        Event::Madvise(m) => m.tid,
+        Event::FutexWait(f) => f.tid,
+        _ => 0,
+    }
+}
+
+impl UserStacks {
+    /// The frames of an unwound stack id (leaf first, markers included).
+    pub fn get(&mut self, id: i32) -> Option<Vec<u64>> {
+        let (frames, used) = self.ids.get_mut(&id)?;
+        *used = Instant::now();
+        Some(frames.to_vec())
+    }
+
+    /// Starts a batch of records: the processes' modules are brought up to
+    /// date once per batch, when their first stack comes.
+    pub fn begin_batch(&mut self) {
+        self.synced.clear();
+        self.sweep();
+    }
+
+    /// Takes one raw ring-buffer record: a stack copy is joined to the
+    /// records waiting for it; any other record is decoded and goes to
+    /// `out`, now or once its stack has come. `Err(Malformed)`: not a
+    /// record (counted by the caller, never trusted).
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        sym: &Symbolizer,
+        out: &mut impl FnMut(Event),
+    ) -> Result<(), Malformed> {
+        let kind = bytes.get(..4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
+        if kind == Some(EventKind::UserStack as u32) {
+            return self.stack_record(bytes, sym, out);
+        }
+        let mut event = events::decode(bytes).ok_or(Malformed)?;
+        let tid = tid_of(&event);
+        let Some(id) = user_stack_id_mut(&mut event) else {
+            out(event);
+            return Ok(());
+        };
+        match *id {
+            USER_STACK_NEXT => {
+                self.held.entry(tid).or_default().push(Held {
+                    since: Instant::now(),
+                    event,
+                });
+                self.held_count += 1;
+                if self.held_count > MAX_HELD {
+                    self.release_oldest(out);
+                }
+            }
+            USER_STACK_AT_SWITCH_OUT => {
+                let start = match &event {
+                    Event::OffCpu(o) => o.start_ns,
+                    _ => 0,
+                };
+                let copy = self.switch_out.remove(&tid).filter(|c| c.start_ns == start);
+                let new_id = match copy {
+                    Some(c) if !c.bytes.is_empty() => {
+                        self.sources.offcpu_at_switch_out += 1;
+                        self.unwind(&c.header, &c.bytes, sym)
+                    }
+                    _ => {
+                        self.sources.offcpu_not_taken += 1;
+                        self.not_taken()
+                    }
+                };
+                if let Some(id) = user_stack_id_mut(&mut event) {
+                    *id = new_id;
+                }
+                out(event);
+            }
+            _ => out(event),
+        }
+        Ok(())
+    }
+
+    fn stack_record(
+        &mut self,
+        bytes: &[u8],
+        sym: &Symbolizer,
+        out: &mut impl FnMut(Event),
+    ) -> Result<(), Malformed> {
+        let hsize = std::mem::size_of::<UserStackHeader>();
+        let Some(h) = bytes.get(..hsize) else {
+            self.sources.malformed += 1;
+            return Err(Malformed);
+        };
+        // SAFETY: plain-data repr(C) record, length checked, unaligned read.
+        let header: UserStackHeader = unsafe { std::ptr::read_unaligned(h.as_ptr().cast()) };
+        let Some(stack) = bytes.get(hsize..hsize + header.len as usize) else {
+            self.sources.malformed += 1;
+            return Err(Malformed);
+        };
+        self.sources.copies += 1;
+        self.sources.copy_bytes += stack.len() as u64;
+        if header.why == stack_for::SWITCH_OUT {
+            if let Some(old) = self.switch_out.insert(
+                header.tid,
+                SwitchOutCopy {
+                    start_ns: header.start_ns,
+                    header,
+                    bytes: stack.to_vec(),
+                },
+            ) {
+                let _ = old;
+                self.sources.switch_out_copies_unused += 1;
+            }
+            return Ok(());
+        }
+        let Some(waiting) = self.held.remove(&header.tid) else {
+            return Ok(()); // nobody waits for it (a second copy of one exit)
+        };
+        self.held_count -= waiting.len();
+        let id = if stack.is_empty() {
+            self.not_taken()
+        } else {
+            self.unwind(&header, stack, sym)
+        };
+        let taken = !stack.is_empty();
+        for mut h in waiting {
+            match &h.event {
+                Event::OffCpu(_) if taken => self.sources.offcpu_at_syscall_exit += 1,
+                Event::OffCpu(_) => self.sources.offcpu_not_taken += 1,
+                Event::Sample(_) if taken => self.sources.samples += 1,
+                Event::Sample(_) => self.sources.samples_not_taken += 1,
+                _ if taken => self.sources.syscall_records += 1,
+                _ => self.sources.syscall_records_not_taken += 1,
+            }
+            if let Some(slot) = user_stack_id_mut(&mut h.event) {
+                *slot = id;
+            }
+            out(h.event);
+        }
+        Ok(())
+    }
+
+    fn unwind(&mut self, h: &UserStackHeader, stack: &[u8], sym: &Symbolizer) -> i32 {
+        if !self.synced.contains(&h.tgid) {
+            if let Some(maps) = sym.process_maps(h.tgid) {
+                self.unwinder.sync(h.tgid, maps);
+            }
+            self.synced.push(h.tgid);
+        }
+        let (frames, _end): (Vec<u64>, End) = self.unwinder.unwind(h.tgid, h.ip, h.sp, h.bp, stack);
+        self.intern(frames)
+    }
+
+    fn not_taken(&mut self) -> i32 {
+        self.intern(vec![marker::NOT_TAKEN])
+    }
+
+    fn intern(&mut self, frames: Vec<u64>) -> i32 {
+        let frames: Arc<[u64]> = frames.into();
+        let now = Instant::now();
+        if let Some(&id) = self.by_frames.get(&frames) {
+            if let Some(e) = self.ids.get_mut(&id) {
+                e.1 = now;
+            }
+            return id;
+        }
+        // Ids count up from the base and wrap (after 2^30 distinct stacks)
+        // skipping ones still in use.
+        let mut id;
+        loop {
+            id = USER_STACK_ID_BASE + self.next;
+            self.next = (self.next + 1) & (USER_STACK_ID_BASE - 1);
+            if !self.ids.contains_key(&id) {
+                break;
+            }
+        }
+        self.ids.insert(id, (frames.clone(), now));
+        self.by_frames.insert(frames, id);
+        id
+    }
+
+    /// Releases records that waited too long (their stack will not come).
+    pub fn expire(&mut self, out: &mut impl FnMut(Event)) {
+        let now = Instant::now();
+        let stale: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, v)| v.first().is_some_and(|h| now.duration_since(h.since) > HOLD_FOR))
+            .map(|(&tid, _)| tid)
+            .collect();
+        for tid in stale {
+            self.release(tid, out);
+        }
+    }
+
+    /// Releases everything held (the session ends).
+    pub fn flush(&mut self, out: &mut impl FnMut(Event)) {
+        let all: Vec<u32> = self.held.keys().copied().collect();
+        for tid in all {
+            self.release(tid, out);
+        }
+    }
+
+    fn release(&mut self, tid: u32, out: &mut impl FnMut(Event)) {
+        let Some(waiting) = self.held.remove(&tid) else {
+            return;
+        };
+        self.held_count -= waiting.len();
+        let id = self.not_taken();
+        for mut h in waiting {
+            match &h.event {
+                Event::OffCpu(_) => self.sources.offcpu_not_taken += 1,
+                Event::Sample(_) => self.sources.samples_not_taken += 1,
+                _ => self.sources.syscall_records_not_taken += 1,
+            }
+            if let Some(slot) = user_stack_id_mut(&mut h.event) {
+                *slot = id;
+            }
+            out(h.event);
+        }
+    }
+
+    fn release_oldest(&mut self, out: &mut impl FnMut(Event)) {
+        if let Some(tid) = self
+            .held
+            .iter()
+            .min_by_key(|(_, v)| v.first().map(|h| h.since))
+            .map(|(&t, _)| t)
+        {
+            self.release(tid, out);
+        }
+    }
+
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.last_sweep) < Duration::from_secs(10) {
+            return;
+        }
+        self.last_sweep = now;
+        self.ids
+            .retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
+        let ids = &self.ids;
+        self.by_frames.retain(|_, id| ids.contains_key(id));
+        if self.switch_out.len() > 4096 {
+            self.switch_out.clear();
+        }
+    }
+
+    /// Records waiting for a stack now.
+    pub fn held(&self) -> usize {
+        self.held_count
+    }
+
+    /// Distinct unwound stacks kept now.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The user stack of a thread blocked right now, read from
+    /// `/proc/PID/task/TID/syscall` (its user stack and instruction
+    /// pointers) and `/proc/PID/mem`: for intervals still open when a
+    /// session ends, which no system call exit will ever copy.
+    pub fn of_sleeping_thread(&mut self, pid: u32, tid: u32, sym: &Symbolizer) -> Option<i32> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+        let f: Vec<&str> = text.split_whitespace().collect();
+        // "nr arg0..arg5 sp pc" while blocked in a system call.
+        if f.len() != 9 {
+            return None;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+        let (sp, pc) = (hex(f[7])?, hex(f[8])?);
+        let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
+        let n = read_memory(pid, sp, &mut stack);
+        if n == 0 {
+            return None;
+        }
+        stack.truncate(n);
+        let header = UserStackHeader {
+            kind: EventKind::UserStack as u32,
+            cpu: 0,
+            ts_ns: 0,
+            tgid: pid,
+            tid,
+            ip: pc,
+            sp,
+            bp: 0,
+            len: n as u32,
+            why: stack_for::SYSCALL_EXIT,
+            start_ns: 0,
+        };
+        self.synced.retain(|&p| p != pid);
+        Some(self.unwind(&header, &stack, sym))
+    }
+}
+
+/// Reads as much of `buf` as is readable from `addr` on, page by page.
+fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+        return 0;
+    };
+    let mut done = 0;
+    while done < buf.len() {
+        let page_end = ((addr + done as u64) | 4095) + 1;
+        let want = ((page_end - (addr + done as u64)) as usize).min(buf.len() - done);
+        match f.read_at(&mut buf[done..done + want], addr + done as u64) {
+            Ok(n) if n > 0 => done += n,
+            _ => break,
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_ebpf::{CpuSample, OffCpuInterval, COMM_LEN};
+
+    fn raw<T>(v: &T) -> Vec<u8> {
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    fn stack_rec(tid: u32, why: u32, start_ns: u64, bytes: &[u8]) -> Vec<u8> {
+        let h = UserStackHeader {
+            kind: EventKind::UserStack as u32,
+            cpu: 0,
+            ts_ns: 1,
+            tgid: 999_999_999,
+            tid,
+            ip: 0x1000,
+            sp: 0x7000_0000,
+            bp: 0,
+            len: bytes.len() as u32,
+            why,
+            start_ns,
+        };
+        let mut v = raw(&h);
+        v.extend_from_slice(bytes);
+        v
+    }
+
+    fn offcpu(tid: u32, start: u64, user: i32) -> Vec<u8> {
+        raw(&OffCpuInterval {
+            kind: EventKind::OffCpu as u32,
+            cpu: 0,
+            start_ns: start,
+            end_ns: start + 5_000_000,
+            tgid: 999_999_999,
+            tid,
+            user_stack_id: user,
+            kernel_stack_id: -14,
+            state: 1,
+            waker_tid: 0,
+            waker_tgid: 0,
+            waker_kernel_stack_id: -1,
+            comm: [0; COMM_LEN],
+            waker_comm: [0; COMM_LEN],
+            woken_ns: 0,
+        })
+    }
+
+    fn user_id(e: &Event) -> i32 {
+        match e {
+            Event::OffCpu(o) => o.user_stack_id,
+            Event::Sample(s) => s.user_stack_id,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_deferred_interval_waits_for_its_threads_next_copy_and_no_other() {
+        let sym = Symbolizer::new();
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+            .unwrap();
+        assert!(out.is_empty(), "held until its stack comes");
+        // Another thread's copy does not release it.
+        u.feed(
+            &stack_rec(8, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
+            &sym,
+            &mut |e| out.push(e),
+        )
+        .unwrap();
+        assert!(out.is_empty());
+        u.feed(
+            &stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
+            &sym,
+            &mut |e| out.push(e),
+        )
+        .unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(is_unwound(user_id(&out[0])));
+        assert_eq!(u.sources.offcpu_at_syscall_exit, 1);
+    }
+
+    #[test]
+    fn an_empty_copy_and_a_session_end_give_not_taken() {
+        let sym = Symbolizer::new();
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+            .unwrap();
+        u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[]), &sym, &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        u.feed(&offcpu(9, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+            .unwrap();
+        u.flush(&mut |e| out.push(e));
+        assert_eq!(out.len(), 2);
+        for e in &out {
+            assert_eq!(u.get(user_id(e)), Some(vec![marker::NOT_TAKEN]));
+        }
+        assert_eq!(u.sources.offcpu_not_taken, 2);
+        assert_eq!(u.held(), 0);
+    }
+
+    #[test]
+    fn a_switch_out_copy_is_used_only_by_the_interval_that_began_there() {
+        let sym = Symbolizer::new();
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        u.feed(
+            &stack_rec(7, stack_for::SWITCH_OUT, 100, &[0; 64]),
+            &sym,
+            &mut |e| out.push(e),
+        )
+        .unwrap();
+        u.feed(&offcpu(7, 200, USER_STACK_AT_SWITCH_OUT), &sym, &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        assert_eq!(
+            u.get(user_id(&out[0])),
+            Some(vec![marker::NOT_TAKEN]),
+            "start differs"
+        );
+        u.feed(
+            &stack_rec(7, stack_for::SWITCH_OUT, 300, &[0; 64]),
+            &sym,
+            &mut |e| out.push(e),
+        )
+        .unwrap();
+        u.feed(&offcpu(7, 300, USER_STACK_AT_SWITCH_OUT), &sym, &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        assert_ne!(u.get(user_id(&out[1])), Some(vec![marker::NOT_TAKEN]));
+        assert!(is_unwound(user_id(&out[1])));
+    }
+
+    #[test]
+    fn a_sample_gets_the_copy_right_after_it_and_identical_stacks_share_an_id() {
+        let sym = Symbolizer::new();
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let s = CpuSample {
+                kind: EventKind::CpuSample as u32,
+                cpu: 0,
+                ts_ns: 5,
+                tgid: 999_999_999,
+                tid: 3,
+                user_stack_id: USER_STACK_NEXT,
+                kernel_stack_id: -14,
+                comm: [0; COMM_LEN],
+            };
+            u.feed(&raw(&s), &sym, &mut |e| out.push(e)).unwrap();
+            u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &sym, &mut |e| {
+                out.push(e)
+            })
+            .unwrap();
+        }
+        assert_eq!(out.len(), 2);
+        assert_eq!(user_id(&out[0]), user_id(&out[1]));
+        assert!(u
+            .feed(
+                &stack_rec(3, stack_for::SAMPLE, 0, &[0; 64])[..20],
+                &sym,
+                &mut |_| {}
+            )
+            .is_err());
+    }
+}

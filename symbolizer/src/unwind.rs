@@ -1,0 +1,807 @@
+//! User stacks from a copy of the top of the stack and three registers,
+//! unwound in userspace with each module's own call-frame information
+//! (`.eh_frame` with its `.eh_frame_hdr` index, or `.debug_frame`), the way
+//! `perf --call-graph dwarf` does. Frame pointers are the fallback where no
+//! CFI covers an address (JIT and anonymous code, a module without CFI, a
+//! module whose CFI is corrupt); the per-module statistics say which was used.
+//!
+//! No table is built: `.eh_frame_hdr` already is a sorted index of the
+//! module's FDEs, so a module costs the bytes of those two sections (read
+//! once per file, shared by every process that maps it) and a lookup is a
+//! binary search. [framehop] does the CFI evaluation.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    ops::Range,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use framehop::{
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+    ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _,
+};
+use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::maps::{Mapping, ProcessMaps};
+
+/// Frames kept per user stack; a deeper stack ends in [`marker::TRUNCATED`].
+pub const MAX_FRAMES: usize = 128;
+
+/// Values that end an unwound stack to say why it ended there. They sit
+/// above the canonical user address range, so no real frame has them;
+/// [`marker::name`] renders them.
+pub mod marker {
+    /// More than [`super::MAX_FRAMES`] frames: the rest was dropped.
+    pub const TRUNCATED: u64 = 0xffff_ffff_ffff_ff01;
+    /// The frame before it is in code with neither CFI nor a usable frame
+    /// pointer chain: nothing above it can be found.
+    pub const NO_UNWIND_INFO: u64 = 0xffff_ffff_ffff_ff02;
+    /// The copy of the stack ended before the stack did.
+    pub const STACK_COPY_END: u64 = 0xffff_ffff_ffff_ff03;
+    /// The unwinder stopped on an inconsistent frame (a corrupt stack, or
+    /// CFI that does not describe the code).
+    pub const UNWIND_ERROR: u64 = 0xffff_ffff_ffff_ff04;
+    /// No user stack was taken for this event (the thread never returned
+    /// to user space to have it copied, or the copy failed).
+    pub const NOT_TAKEN: u64 = 0xffff_ffff_ffff_ff05;
+
+    /// Whether `addr` is one of the markers.
+    pub const fn is_marker(addr: u64) -> bool {
+        addr >= TRUNCATED && addr <= NOT_TAKEN
+    }
+
+    /// The frame name of a marker (`previous` is the frame before it,
+    /// leaf side, already named `module+0xoff` by the caller when needed).
+    pub fn name(addr: u64) -> &'static str {
+        match addr {
+            TRUNCATED => "[truncated]",
+            NO_UNWIND_INFO => "[no unwind info]",
+            STACK_COPY_END => "[stack copy ended]",
+            UNWIND_ERROR => "[unwind error]",
+            _ => "[user stack not taken]",
+        }
+    }
+}
+
+/// What a module's frames are unwound with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cfi {
+    /// `.eh_frame` indexed by `.eh_frame_hdr` (the usual case; survives `strip`).
+    EhFrameHdr,
+    /// `.eh_frame` without an index (framehop indexes it when loaded).
+    EhFrame,
+    /// `.debug_frame` only.
+    DebugFrame,
+    /// Neither: frame pointers only.
+    None,
+    /// The CFI did not parse: frame pointers only (said once).
+    Corrupt(String),
+    /// The file could not be read (gone, unreadable): frame pointers only.
+    Unreadable(String),
+}
+
+impl Cfi {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Cfi::EhFrameHdr | Cfi::EhFrame | Cfi::DebugFrame => "cfi",
+            Cfi::None => "frame pointers (no CFI)",
+            Cfi::Corrupt(_) => "frame pointers (corrupt CFI)",
+            Cfi::Unreadable(_) => "frame pointers (file unreadable)",
+        }
+    }
+
+    fn usable(&self) -> bool {
+        matches!(self, Cfi::EhFrameHdr | Cfi::EhFrame | Cfi::DebugFrame)
+    }
+}
+
+/// Unwind sections of one file, shared by every mapping of it.
+struct ModuleData {
+    cfi: Cfi,
+    build_id: Option<String>,
+    /// (file offset, vaddr, file size) of each PT_LOAD.
+    segments: Vec<(u64, u64, u64)>,
+    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
+    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    debug_frame: Option<Arc<[u8]>>,
+    text: Option<Range<u64>>,
+    got: Option<Range<u64>>,
+    /// Bytes held for this module.
+    bytes: usize,
+}
+
+impl ModuleData {
+    fn load(bytes_of: impl FnOnce() -> std::io::Result<Vec<u8>>) -> Self {
+        let data = match bytes_of() {
+            Ok(d) => d,
+            Err(e) => return Self::without(Cfi::Unreadable(e.to_string())),
+        };
+        Self::parse(&data)
+    }
+
+    fn without(cfi: Cfi) -> Self {
+        ModuleData {
+            cfi,
+            build_id: None,
+            segments: Vec::new(),
+            eh_frame: None,
+            eh_frame_hdr: None,
+            debug_frame: None,
+            text: None,
+            got: None,
+            bytes: 0,
+        }
+    }
+
+    /// Reads the sections from an ELF image.
+    fn parse(data: &[u8]) -> Self {
+        let file = match object::File::parse(data) {
+            Ok(f) => f,
+            Err(e) => return Self::without(Cfi::Unreadable(format!("not an ELF file: {e}"))),
+        };
+        let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
+            let s = file.section_by_name(name)?;
+            let d = s.data().ok()?;
+            if d.is_empty() {
+                return None;
+            }
+            Some((s.address()..s.address() + s.size(), Arc::from(d)))
+        };
+        let range = |name: &str| {
+            file.section_by_name(name)
+                .map(|s| s.address()..s.address() + s.size())
+        };
+        let mut m = Self::without(Cfi::None);
+        m.build_id = file
+            .build_id()
+            .ok()
+            .flatten()
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        m.segments = file
+            .segments()
+            .map(|s| {
+                let (off, size) = s.file_range();
+                (off, s.address(), size)
+            })
+            .collect();
+        m.text = range(".text");
+        m.got = range(".got");
+        m.eh_frame = section(".eh_frame");
+        m.eh_frame_hdr = section(".eh_frame_hdr");
+        m.debug_frame = section(".debug_frame").map(|(_, d)| d);
+        m.cfi = match (&m.eh_frame, &m.eh_frame_hdr, &m.debug_frame) {
+            (Some(eh), Some(hdr), _) => match check_eh_frame_hdr(eh, hdr) {
+                Ok(()) => Cfi::EhFrameHdr,
+                Err(e) => Cfi::Corrupt(e),
+            },
+            (Some(eh), None, _) => match check_eh_frame(eh) {
+                Ok(()) => Cfi::EhFrame,
+                Err(e) => Cfi::Corrupt(e),
+            },
+            (None, _, Some(_)) => Cfi::DebugFrame,
+            (None, _, None) => Cfi::None,
+        };
+        if !m.cfi.usable() {
+            m.eh_frame = None;
+            m.eh_frame_hdr = None;
+            m.debug_frame = None;
+        }
+        m.bytes = m.eh_frame.as_ref().map_or(0, |(_, d)| d.len())
+            + m.eh_frame_hdr.as_ref().map_or(0, |(_, d)| d.len())
+            + m.debug_frame.as_ref().map_or(0, |d| d.len());
+        m
+    }
+
+    /// The load bias of a mapping of this file at `start` from `file_offset`.
+    /// A segment's mapping starts at its offset rounded down to a page, so
+    /// `file_offset` may lie a little before the segment's own offset; the
+    /// address of any file offset in a segment is `vaddr - offset + it`.
+    fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {
+        // The segment whose own mapping starts here; else one holding the
+        // offset (two segments can share the page at a boundary).
+        let &(off, vaddr, _) = self
+            .segments
+            .iter()
+            .find(|&&(off, _, _)| off & !0xfff == file_offset)
+            .or_else(|| {
+                self.segments
+                    .iter()
+                    .find(|&&(off, _, size)| off <= file_offset && file_offset < off + size.max(1))
+            })?;
+        Some(start.wrapping_sub(vaddr.wrapping_sub(off).wrapping_add(file_offset)))
+    }
+
+    fn section_info(&self) -> ExplicitModuleSectionInfo<Arc<[u8]>> {
+        ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: self.text.clone(),
+            got_svma: self.got.clone(),
+            eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
+            eh_frame: self.eh_frame.as_ref().map(|(_, d)| d.clone()),
+            eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
+            debug_frame: self.debug_frame.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Parses the `.eh_frame_hdr` table and up to 4,096 of the FDEs it points
+/// to (spread over the table): a corrupt section is caught when the module
+/// is loaded, not as garbage frames later.
+fn check_eh_frame_hdr(
+    (eh_range, eh): &(Range<u64>, Arc<[u8]>),
+    (hdr_range, hdr): &(Range<u64>, Arc<[u8]>),
+) -> Result<(), String> {
+    use gimli::{BaseAddresses, EhFrame, EhFrameHdr, LittleEndian, UnwindSection};
+    let bases = BaseAddresses::default()
+        .set_eh_frame_hdr(hdr_range.start)
+        .set_eh_frame(eh_range.start);
+    let parsed = EhFrameHdr::new(hdr, LittleEndian)
+        .parse(&bases, 8)
+        .map_err(|e| format!(".eh_frame_hdr: {e}"))?;
+    let table = parsed.table().ok_or(".eh_frame_hdr has no search table")?;
+    let eh_frame = EhFrame::new(eh, LittleEndian);
+    let mut entries = Vec::new();
+    let mut iter = table.iter(&bases);
+    while let Some(entry) = iter.next().map_err(|e| format!(".eh_frame_hdr table: {e}"))? {
+        entries.push(entry);
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let step = (entries.len() / 4096).max(1);
+    for (_, ptr) in entries.iter().step_by(step) {
+        let offset = table
+            .pointer_to_offset(*ptr)
+            .map_err(|e| format!(".eh_frame_hdr entry: {e}"))?;
+        eh_frame
+            .fde_from_offset(&bases, offset, EhFrame::cie_from_offset)
+            .map_err(|e| format!(".eh_frame FDE at {:#x}: {e}", offset.0))?;
+    }
+    Ok(())
+}
+
+/// Parses every CIE and FDE of an `.eh_frame` without an index.
+fn check_eh_frame((eh_range, eh): &(Range<u64>, Arc<[u8]>)) -> Result<(), String> {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+    let bases = BaseAddresses::default().set_eh_frame(eh_range.start);
+    let eh_frame = EhFrame::new(eh, LittleEndian);
+    let mut entries = eh_frame.entries(&bases);
+    while let Some(entry) = entries.next().map_err(|e| format!(".eh_frame: {e}"))? {
+        if let CieOrFde::Fde(partial) = entry {
+            partial
+                .parse(EhFrame::cie_from_offset)
+                .map_err(|e| format!(".eh_frame FDE: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Identity of a mapped file (or of a process's vDSO).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum FileKey {
+    File {
+        dev: u64,
+        ino: u64,
+        size: u64,
+        mtime: i64,
+    },
+    Vdso,
+}
+
+/// How the frames of one module were unwound, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct ModuleStats {
+    /// `cfi`, or which frame-pointer fallback and why.
+    pub unwinding: String,
+    pub build_id: Option<String>,
+    /// Frames found in this module.
+    pub frames: u64,
+    /// Stacks that ended in this module for want of unwind information.
+    pub no_unwind_info: u64,
+    /// Bytes of unwind sections held for it.
+    pub table_bytes: usize,
+    /// Why its CFI was not used, when it was not.
+    pub note: Option<String>,
+}
+
+/// Totals over every stack unwound.
+#[derive(Clone, Debug, Default)]
+pub struct UnwindTotals {
+    pub stacks: u64,
+    /// Reached the thread's first frame (CFI said so, or a null frame pointer).
+    pub complete: u64,
+    pub truncated: u64,
+    pub stack_copy_end: u64,
+    pub no_unwind_info: u64,
+    pub errors: u64,
+    /// Frames in code that no file backs (JIT, anonymous): unwound with frame pointers.
+    pub anonymous_frames: u64,
+    /// Stack bytes unwound from.
+    pub stack_bytes: u64,
+}
+
+/// Why a stack ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Complete,
+    Truncated,
+    StackCopyEnd,
+    NoUnwindInfo,
+    Error,
+}
+
+struct ProcessUnwinder {
+    signature: u64,
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// (range, module label, file key), sorted by start.
+    ranges: Vec<(Range<u64>, String, FileKey)>,
+}
+
+/// Unwinds the user stacks of the processes it is told about.
+pub struct Unwinder {
+    files: HashMap<FileKey, Arc<ModuleData>>,
+    processes: HashMap<u32, ProcessUnwinder>,
+    cache: CacheX86_64,
+    stats: BTreeMap<String, ModuleStats>,
+    pub totals: UnwindTotals,
+    /// Warnings not yet said (a corrupt module's CFI, once per file).
+    warnings: Vec<String>,
+}
+
+impl Default for Unwinder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unwinder {
+    pub fn new() -> Self {
+        Self {
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            cache: CacheX86_64::new(),
+            stats: BTreeMap::new(),
+            totals: UnwindTotals::default(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Brings the modules known for `pid` in line with `maps` (cheap when
+    /// its code mappings did not change).
+    pub fn sync(&mut self, pid: u32, maps: &ProcessMaps) {
+        let code: Vec<&Mapping> = maps.mappings().iter().filter(|m| m.executable).collect();
+        let signature = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for m in &code {
+                (m.start, m.end, m.file_offset, &m.path, &m.label).hash(&mut h);
+            }
+            h.finish()
+        };
+        if self.processes.get(&pid).is_some_and(|p| p.signature == signature) {
+            return;
+        }
+        let mut unwinder = UnwinderX86_64::new();
+        let mut ranges = Vec::new();
+        for m in code {
+            let Some((key, data)) = self.module_for(pid, m) else {
+                continue;
+            };
+            let Some(bias) = data.bias(m.start, m.file_offset) else {
+                continue;
+            };
+            let name = m.label.clone();
+            let stats = self.stats.entry(name.clone()).or_default();
+            stats.unwinding = data.cfi.label().to_string();
+            stats.build_id = data.build_id.clone();
+            stats.table_bytes = data.bytes;
+            stats.note = match &data.cfi {
+                Cfi::Corrupt(e) | Cfi::Unreadable(e) => Some(e.clone()),
+                _ => None,
+            };
+            unwinder.add_module(Module::new(
+                name.clone(),
+                m.start..m.end,
+                bias,
+                data.section_info(),
+            ));
+            ranges.push((m.start..m.end, name, key));
+        }
+        ranges.sort_by_key(|(r, _, _)| r.start);
+        self.processes.insert(
+            pid,
+            ProcessUnwinder {
+                signature,
+                unwinder,
+                ranges,
+            },
+        );
+    }
+
+    /// Forgets a process (it exited and its stacks are unwound).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+        let live: std::collections::HashSet<&FileKey> = self
+            .processes
+            .values()
+            .flat_map(|p| p.ranges.iter().map(|(_, _, k)| k))
+            .collect();
+        self.files.retain(|k, _| live.contains(k));
+    }
+
+    fn module_for(&mut self, pid: u32, m: &Mapping) -> Option<(FileKey, Arc<ModuleData>)> {
+        if m.label == "[vdso]" {
+            let key = FileKey::Vdso;
+            if let Some(d) = self.files.get(&key) {
+                return Some((key, d.clone()));
+            }
+            let (start, len) = (m.start, (m.end - m.start).min(1 << 20) as usize);
+            let data = Arc::new(ModuleData::load(|| read_process_memory(pid, start, len)));
+            self.note_once(&m.label, &data);
+            self.files.insert(key.clone(), data.clone());
+            return Some((key, data));
+        }
+        let path = m.path.as_ref()?;
+        let open = open_mapped(pid, m, path)?;
+        let meta = open.metadata().ok()?;
+        use std::os::unix::fs::MetadataExt;
+        let key = FileKey::File {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: meta.mtime(),
+        };
+        if let Some(d) = self.files.get(&key) {
+            return Some((key, d.clone()));
+        }
+        let data = Arc::new(ModuleData::load(|| read_elf_unwind_parts(open)));
+        self.note_once(&m.label, &data);
+        self.files.insert(key.clone(), data.clone());
+        Some((key, data))
+    }
+
+    fn note_once(&mut self, label: &str, data: &ModuleData) {
+        if let Cfi::Corrupt(e) = &data.cfi {
+            self.warnings.push(format!(
+                "{label}: its unwind information (.eh_frame) is corrupt ({e}); its frames are \
+                 unwound with frame pointers"
+            ));
+        }
+    }
+
+    /// Warnings to say once (and then forget).
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Per module (by label): how its frames were unwound.
+    pub fn module_stats(&self) -> &BTreeMap<String, ModuleStats> {
+        &self.stats
+    }
+
+    /// Bytes of unwind sections held now.
+    pub fn table_bytes(&self) -> usize {
+        self.files.values().map(|d| d.bytes).sum()
+    }
+
+    /// Unwinds one user stack of `pid`: `stack` is a copy of its memory from
+    /// `sp` up. Returns the frames, leaf first (the first is `ip`, the rest
+    /// return addresses), ending in a [`marker`] unless the stack was
+    /// complete.
+    pub fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End) {
+        self.totals.stacks += 1;
+        self.totals.stack_bytes += stack.len() as u64;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).ok_or(())? as usize;
+            let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        };
+        let mut frames = Vec::with_capacity(32);
+        let end = match self.processes.get(&pid) {
+            Some(p) => {
+                let mut it = p.unwinder.iter_frames(
+                    ip,
+                    UnwindRegsX86_64::new(ip, sp, bp),
+                    &mut self.cache,
+                    &mut read_stack,
+                );
+                loop {
+                    match it.next() {
+                        Ok(Some(f)) => {
+                            if frames.len() == MAX_FRAMES {
+                                break End::Truncated;
+                            }
+                            frames.push(match f {
+                                FrameAddress::InstructionPointer(a) => a,
+                                FrameAddress::ReturnAddress(a) => a.get(),
+                            });
+                        }
+                        Ok(None) => break End::Complete,
+                        Err(framehop::Error::CouldNotReadStack(_)) => break End::StackCopyEnd,
+                        Err(_) => break End::Error,
+                    }
+                }
+            }
+            None => {
+                frames.push(ip);
+                End::NoUnwindInfo
+            }
+        };
+        // Attribute frames to modules; a stack that stopped in a module
+        // without usable CFI stopped for want of unwind information.
+        let mut last_usable = true;
+        for (i, &a) in frames.iter().enumerate() {
+            let lookup = if i == 0 { a } else { a.wrapping_sub(1) };
+            match self.module_of(pid, lookup) {
+                Some((label, usable)) => {
+                    last_usable = usable;
+                    if let Some(s) = self.stats.get_mut(&label) {
+                        s.frames += 1;
+                    }
+                }
+                None => {
+                    last_usable = false;
+                    self.totals.anonymous_frames += 1;
+                }
+            }
+        }
+        let end = match end {
+            End::Error | End::StackCopyEnd if !last_usable => End::NoUnwindInfo,
+            e => e,
+        };
+        match end {
+            End::Complete => self.totals.complete += 1,
+            End::Truncated => {
+                self.totals.truncated += 1;
+                frames.push(marker::TRUNCATED);
+            }
+            End::StackCopyEnd => {
+                self.totals.stack_copy_end += 1;
+                frames.push(marker::STACK_COPY_END);
+            }
+            End::NoUnwindInfo => {
+                self.totals.no_unwind_info += 1;
+                if let Some(&last) = frames.last() {
+                    let lookup = if frames.len() == 1 {
+                        last
+                    } else {
+                        last.wrapping_sub(1)
+                    };
+                    if let Some((label, _)) = self.module_of(pid, lookup) {
+                        if let Some(s) = self.stats.get_mut(&label) {
+                            s.no_unwind_info += 1;
+                        }
+                    }
+                }
+                frames.push(marker::NO_UNWIND_INFO);
+            }
+            End::Error => {
+                self.totals.errors += 1;
+                frames.push(marker::UNWIND_ERROR);
+            }
+        }
+        (frames, end)
+    }
+
+    /// The module holding `addr` in `pid` and whether its CFI is usable.
+    fn module_of(&self, pid: u32, addr: u64) -> Option<(String, bool)> {
+        let p = self.processes.get(&pid)?;
+        let i = p.ranges.partition_point(|(r, _, _)| r.start <= addr);
+        let (r, label, key) = p.ranges.get(i.checked_sub(1)?)?;
+        if addr >= r.end {
+            return None;
+        }
+        let usable = self.files.get(key).is_some_and(|d| d.cfi.usable());
+        Some((label.clone(), usable))
+    }
+}
+
+/// Opens the file behind a mapping as the process sees it: through
+/// `/proc/PID/map_files` (works for deleted files and other mount
+/// namespaces), else `/proc/PID/root/PATH`, else the path itself.
+fn open_mapped(pid: u32, m: &Mapping, path: &Path) -> Option<std::fs::File> {
+    let candidates = [
+        PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
+        Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path)),
+        path.to_path_buf(),
+    ];
+    candidates.iter().find_map(|p| std::fs::File::open(p).ok())
+}
+
+/// The parts of an ELF file that unwinding needs, without reading the rest
+/// (a validator's text is 100+ MB): headers, then only the unwind sections,
+/// laid out at their file offsets in a sparse image.
+fn read_elf_unwind_parts(file: std::fs::File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let size = file.metadata()?.len();
+    if size > 8 << 30 {
+        return Err(std::io::Error::other("larger than 8 GiB"));
+    }
+    let cache = object::read::ReadCache::new(&file);
+    let elf =
+        object::File::parse(&cache).map_err(|e| std::io::Error::other(format!("not an ELF file: {e}")))?;
+    // Section headers, program headers and the sections we need go into an
+    // image with everything else zero; object parses it like the file.
+    let mut wanted: Vec<(u64, u64)> = Vec::new();
+    for s in elf.sections() {
+        let name = s.name().unwrap_or("");
+        if matches!(
+            name,
+            ".eh_frame" | ".eh_frame_hdr" | ".debug_frame" | ".shstrtab" | ".note.gnu.build-id"
+        ) {
+            if let Some(r) = s.file_range() {
+                wanted.push(r);
+            }
+        }
+    }
+    drop(elf);
+    drop(cache);
+    // The ELF header and both header tables.
+    let mut header = [0u8; 64];
+    file.read_exact_at(&mut header, 0)?;
+    let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap());
+    let u16_at = |o: usize| u16::from_le_bytes(header[o..o + 2].try_into().unwrap()) as u64;
+    let (phoff, shoff) = (u64_at(0x20), u64_at(0x28));
+    let (phsize, phnum, shsize, shnum) = (u16_at(0x36), u16_at(0x38), u16_at(0x3a), u16_at(0x3c));
+    wanted.push((0, 64));
+    wanted.push((phoff, phsize * phnum));
+    wanted.push((shoff, shsize * shnum));
+    let end = wanted
+        .iter()
+        .map(|&(o, l)| o.saturating_add(l))
+        .max()
+        .unwrap_or(0);
+    if end > size {
+        return Err(std::io::Error::other("section past the end of the file"));
+    }
+    // The image is as long as the furthest part: zero pages cost nothing
+    // until written (calloc), so a 1 GiB file whose unwind sections sit
+    // at its start stays small.
+    let mut image = vec![0u8; end as usize];
+    for (o, l) in wanted {
+        file.read_exact_at(&mut image[o as usize..(o + l) as usize], o)?;
+    }
+    Ok(image)
+}
+
+/// Reads `len` bytes of another process's memory (its vDSO).
+fn read_process_memory(pid: u32, addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, addr)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_never_user_addresses() {
+        for m in [
+            marker::TRUNCATED,
+            marker::NO_UNWIND_INFO,
+            marker::STACK_COPY_END,
+            marker::UNWIND_ERROR,
+            marker::NOT_TAKEN,
+        ] {
+            assert!(marker::is_marker(m));
+            assert!(m > 0x0000_7fff_ffff_ffff);
+        }
+        assert!(!marker::is_marker(0x5555_5555_0000));
+    }
+
+    #[test]
+    fn own_binary_has_checked_cfi_and_a_bias() {
+        let exe = std::fs::File::open("/proc/self/exe").unwrap();
+        let data = ModuleData::load(|| read_elf_unwind_parts(exe));
+        assert_eq!(data.cfi, Cfi::EhFrameHdr, "{:?}", data.cfi);
+        assert!(data.bytes > 0);
+        // Mapped from a page-aligned offset before the segment's own (lld
+        // lays text out at vaddr = offset + 0x1000): the bias still holds.
+        let d = ModuleData {
+            segments: vec![(0, 0, 0x15cc8), (0x15cd0, 0x16cd0, 0x41cd0)],
+            ..ModuleData::without(Cfi::None)
+        };
+        assert_eq!(
+            d.bias(0x5555_0000_0000 + 0x16000, 0x15000),
+            Some(0x5555_0000_0000)
+        );
+        assert_eq!(d.bias(0x5555_0000_0000, 0), Some(0x5555_0000_0000));
+    }
+
+    #[test]
+    fn corrupt_eh_frame_is_caught_at_load() {
+        let mut image = std::fs::read("/proc/self/exe").unwrap();
+        let file = object::File::parse(&*image).unwrap();
+        let (off, len) = file.section_by_name(".eh_frame").unwrap().file_range().unwrap();
+        drop(file);
+        for b in &mut image[off as usize..(off + len) as usize] {
+            *b = 0xa5;
+        }
+        let data = ModuleData::parse(&image);
+        assert!(matches!(data.cfi, Cfi::Corrupt(_)), "{:?}", data.cfi);
+        assert!(
+            data.eh_frame.is_none(),
+            "a corrupt module falls back to frame pointers"
+        );
+    }
+
+    #[inline(never)]
+    fn depth3(out: &mut Vec<(u64, u64, u64, Vec<u8>)>) {
+        // Copy our own stack from here, like the kernel would.
+        let (ip, sp, bp): (u64, u64, u64);
+        unsafe {
+            std::arch::asm!("lea {0}, [rip]", "mov {1}, rsp", "mov {2}, rbp", out(reg) ip, out(reg) sp, out(reg) bp);
+        }
+        // Through /proc/self/mem, page by page: the stack mapping may end
+        // less than 16 KiB above sp.
+        let mut bytes = vec![0u8; 16384];
+        let mem = std::fs::File::open("/proc/self/mem").unwrap();
+        let mut n = 0;
+        while n < bytes.len() {
+            use std::os::unix::fs::FileExt;
+            let want = ((4096 - ((sp + n as u64) & 4095)) as usize).min(bytes.len() - n);
+            match mem.read_at(&mut bytes[n..n + want], sp + n as u64) {
+                Ok(k) if k > 0 => n += k,
+                _ => break,
+            }
+        }
+        bytes.truncate(n);
+        out.push((ip, sp, bp, bytes));
+    }
+
+    #[inline(never)]
+    fn depth2(out: &mut Vec<(u64, u64, u64, Vec<u8>)>) {
+        depth3(out);
+        std::hint::black_box(out);
+    }
+
+    #[inline(never)]
+    fn depth1(out: &mut Vec<(u64, u64, u64, Vec<u8>)>) {
+        depth2(out);
+        std::hint::black_box(out);
+    }
+
+    #[test]
+    fn unwinds_own_stack_through_callers() {
+        let mut out = Vec::new();
+        std::thread::Builder::new()
+            .name("unwind-test".into())
+            .spawn(move || {
+                depth1(&mut out);
+                out
+            })
+            .unwrap()
+            .join()
+            .map(|out| {
+                let pid = std::process::id();
+                let maps = ProcessMaps::read(pid).unwrap();
+                let mut u = Unwinder::new();
+                u.sync(pid, &maps);
+                let (ip, sp, bp, bytes) = &out[0];
+                let (frames, end) = u.unwind(pid, *ip, *sp, *bp, bytes);
+                let mut sym = crate::Symbolizer::new();
+                sym.track_process(pid).unwrap();
+                let names: Vec<String> = frames
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| !marker::is_marker(**a))
+                    .flat_map(|(i, &a)| sym.user_frame(pid, a, i > 0))
+                    .collect();
+                let pos = |n: &str| names.iter().position(|f| f.contains(n));
+                assert!(pos("depth3").is_some(), "{names:?}");
+                assert!(pos("depth2") > pos("depth3"), "{names:?}");
+                assert!(pos("depth1") > pos("depth2"), "{names:?}");
+                assert!(
+                    pos("start_thread").is_some() || pos("clone").is_some(),
+                    "{end:?} {names:?}"
+                );
+            })
+            .unwrap();
+    }
+}
