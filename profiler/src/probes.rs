@@ -89,6 +89,12 @@ pub struct Counters {
     pub tlb_ipis: u64,
     /// Host-side memory events sent (`slotprof host`).
     pub host_events: u64,
+    /// User stack copies, by where they were taken.
+    pub user_stacks_at_exit: u64,
+    pub user_stacks_at_switch_out: u64,
+    pub user_stacks_sampled: u64,
+    pub user_stack_copy_failed: u64,
+    pub user_stack_context_changed: u64,
 }
 
 impl Counters {
@@ -291,6 +297,11 @@ impl Probes {
             tlb_local: read(counter::TLB_LOCAL)?,
             tlb_ipis: read(counter::TLB_IPIS)?,
             host_events: read(counter::HOST_EVENTS)?,
+            user_stacks_at_exit: read(counter::USER_STACKS_AT_EXIT)?,
+            user_stacks_at_switch_out: read(counter::USER_STACKS_AT_SWITCH_OUT)?,
+            user_stacks_sampled: read(counter::USER_STACKS_SAMPLED)?,
+            user_stack_copy_failed: read(counter::USER_STACK_COPY_FAILED)?,
+            user_stack_context_changed: read(counter::USER_STACK_CONTEXT_CHANGED)?,
         })
     }
 

@@ -36,6 +36,8 @@ pub struct Summary {
     pub counts: Counts,
     pub lost: Lost,
     pub frame_pointers: FramePointers,
+    /// How user stacks were taken and unwound, per module.
+    pub unwinding: Unwinding,
     /// Threads of the target, busiest first.
     pub threads: Vec<ThreadTotals>,
     pub longest_offcpu: Vec<LongInterval>,
@@ -208,6 +210,96 @@ impl Lost {
     }
 }
 
+/// How user stacks were unwound: per module (CFI or frame pointers), how
+/// stacks ended, and where the kernel copied them.
+#[derive(Debug, Default, Serialize)]
+pub struct Unwinding {
+    /// "cfi" (.eh_frame / .debug_frame, frame pointers where no CFI covers
+    /// a PC) per module, or which frame-pointer fallback and why.
+    pub modules: Vec<ModuleUnwinding>,
+    /// User stacks unwound, and how they ended.
+    pub stacks: u64,
+    /// Reached the thread's first frame.
+    pub complete: u64,
+    /// Longer than 128 frames: ended in `[truncated]`.
+    pub truncated: u64,
+    /// The 16 KiB copy ended first: `[stack copy ended]`.
+    pub stack_copy_ended: u64,
+    /// Stopped in code with neither CFI nor frame pointers: `[no unwind info] module+0xoff`.
+    pub no_unwind_info: u64,
+    /// Stopped on an inconsistent frame: `[unwind error]`.
+    pub unwind_errors: u64,
+    /// Frames in code no file backs (JIT, anonymous): unwound with frame pointers.
+    pub anonymous_frames: u64,
+    /// Bytes of unwind sections held (.eh_frame, .eh_frame_hdr, .debug_frame).
+    pub table_bytes: usize,
+    /// Which way the stacks of reported records were taken.
+    pub sources: crate::user_stacks::StackSources,
+    /// The kernel's counts of copies made.
+    pub kernel_copies_at_syscall_exit: u64,
+    pub kernel_copies_at_switch_out: u64,
+    pub kernel_copies_for_samples: u64,
+    pub kernel_copies_failed: u64,
+    /// Deferred copies dropped: the thread came back to user space another way.
+    pub kernel_context_changed: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModuleUnwinding {
+    pub module: String,
+    pub unwinding: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
+    pub frames: u64,
+    pub no_unwind_info: u64,
+    pub table_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Unwinding {
+    pub fn new(user: &crate::user_stacks::UserStacks, c: &crate::probes::Counters) -> Self {
+        let t = &user.unwinder.totals;
+        Self {
+            modules: user
+                .unwinder
+                .module_stats()
+                .iter()
+                .map(|(m, s)| ModuleUnwinding {
+                    module: m.clone(),
+                    unwinding: s.unwinding.clone(),
+                    build_id: s.build_id.clone(),
+                    frames: s.frames,
+                    no_unwind_info: s.no_unwind_info,
+                    table_bytes: s.table_bytes,
+                    note: s.note.clone(),
+                })
+                .collect(),
+            stacks: t.stacks,
+            complete: t.complete,
+            truncated: t.truncated,
+            stack_copy_ended: t.stack_copy_end,
+            no_unwind_info: t.no_unwind_info,
+            unwind_errors: t.errors,
+            anonymous_frames: t.anonymous_frames,
+            table_bytes: user.unwinder.table_bytes(),
+            sources: user.sources.clone(),
+            kernel_copies_at_syscall_exit: c.user_stacks_at_exit,
+            kernel_copies_at_switch_out: c.user_stacks_at_switch_out,
+            kernel_copies_for_samples: c.user_stacks_sampled,
+            kernel_copies_failed: c.user_stack_copy_failed,
+            kernel_context_changed: c.user_stack_context_changed,
+        }
+    }
+
+    /// Whether the module named `label` is unwound with its CFI.
+    pub fn has_cfi(&self, label: &str) -> bool {
+        self.modules
+            .iter()
+            .any(|m| m.module == label && m.unwinding == "cfi")
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct FramePointers {
     pub binary: Option<PathBuf>,
@@ -224,21 +316,25 @@ pub struct FramePointers {
 }
 
 impl FramePointers {
-    /// Combines the prologue scan with what the stacks looked like.
+    /// Combines the prologue scan with what the stacks looked like. Stacks
+    /// are unwound with CFI where the binary has it: only a binary with
+    /// neither gets the advice.
     pub fn judge(
         binary: Option<PathBuf>,
         scan: Option<symbolizer::frame_pointers::FramePointerScan>,
         median_user_depth: Option<usize>,
+        has_cfi: bool,
     ) -> Self {
         let present = match (scan, median_user_depth) {
             (Some(s), _) => s.has_frame_pointers(),
             (None, Some(d)) => d > 2,
             (None, None) => true,
         };
-        let advice = (!present).then(|| {
-            "the target looks built without frame pointers, so user stacks will be shallow: \
-             rebuild it with RUSTFLAGS=\"-C force-frame-pointers=yes\" (Rust) or \
-             -fno-omit-frame-pointer (C/C++)"
+        let advice = (!present && !has_cfi).then(|| {
+            "the target has neither unwind information (.eh_frame) nor frame pointers, so its \
+             user stacks stop at its first frame: rebuild it with RUSTFLAGS=\"-C \
+             force-frame-pointers=yes\" (Rust) or -fno-omit-frame-pointer (C/C++), or keep its \
+             .eh_frame (do not build with -fno-asynchronous-unwind-tables)"
                 .to_string()
         });
         Self {

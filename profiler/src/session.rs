@@ -279,7 +279,14 @@ pub async fn run(
     }
 
     let counters = probes.counters()?;
-    let stacks: StackTable = stacks.table(&probes, agg.stack_ids());
+    let unwinding;
+    let unwind_warnings;
+    let stacks: StackTable = {
+        let table = stacks.table(&probes, agg.stack_ids());
+        unwinding = report::Unwinding::new(&stacks.user, &counters);
+        unwind_warnings = stacks.user.unwinder.take_warnings();
+        table
+    };
     let probe_status = probes.status.clone();
     let short_futex = probes.short_futex_waits();
     let probe_cost = opts
@@ -388,8 +395,20 @@ pub async fn run(
     crate::output::write_atomic(&trace_path, &serde_json::to_vec(&trace)?)?;
     written.push(trace_path);
 
-    let frame_pointers = FramePointers::judge(target.exe.clone(), fp_scan, profiles.median_user_depth);
-    let mut warnings = Vec::new();
+    let exe_label = target
+        .exe
+        .as_ref()
+        .and_then(|e| e.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let frame_pointers = FramePointers::judge(
+        target.exe.clone(),
+        fp_scan,
+        profiles.median_user_depth,
+        unwinding.has_cfi(&exe_label),
+    );
+
+    let mut warnings = unwind_warnings;
     if let Some(advice) = &frame_pointers.advice {
         warnings.push(advice.clone());
     }
@@ -452,6 +471,7 @@ pub async fn run(
         },
         lost,
         frame_pointers,
+        unwinding,
         threads: agg.threads().into_iter().take(64).collect(),
         longest_offcpu,
         findings: {

@@ -548,8 +548,10 @@ impl Unwinder {
                 }
             }
         }
+        // Stopping in a module without usable CFI (frame pointers were all
+        // there was, and they ended or failed) is for want of unwind info.
         let end = match end {
-            End::Error | End::StackCopyEnd if !last_usable => End::NoUnwindInfo,
+            End::Error | End::StackCopyEnd | End::Complete if !last_usable => End::NoUnwindInfo,
             e => e,
         };
         match end {

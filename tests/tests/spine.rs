@@ -294,7 +294,7 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
 
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
-fn a_target_without_frame_pointers_is_called_out() {
+fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("nofp");
     let src = dir.join("spin.c");
@@ -319,6 +319,21 @@ fn a_target_without_frame_pointers_is_called_out() {
         eprintln!("SKIPPED: no C compiler (cc) to build a binary without frame pointers");
         return;
     }
+    // Neither frame pointers nor CFI: its .eh_frame (which gcc emits by
+    // default, and which slotprof unwinds with) is removed.
+    let objcopy = Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&bin)
+        .status();
+    if !objcopy.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: no objcopy to remove the binary's .eh_frame");
+        return;
+    }
     let out = dir.join("out");
     let o = run_slotprof(&[
         "record",
@@ -332,7 +347,32 @@ fn a_target_without_frame_pointers_is_called_out() {
     assert_eq!(s["frame_pointers"]["present"], false, "{}", s["frame_pointers"]);
     let advice = s["frame_pointers"]["advice"].as_str().unwrap();
     assert!(advice.contains("force-frame-pointers") && advice.contains("-fno-omit-frame-pointer"));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("without frame pointers"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nor frame pointers"));
+    let spin = s["unwinding"]["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["module"] == "spin")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(spin["unwinding"], "frame pointers (no CFI)", "{}", s["unwinding"]);
+    // Its stacks end saying so, with the module and offset.
+    let folded = read_folded(&out.join("oncpu.folded"));
+    let marked: u64 = folded
+        .iter()
+        .filter(|(stack, _)| stack.contains("[no unwind info] spin+0x"))
+        .map(|(_, w)| w)
+        .sum();
+    let all: u64 = folded.iter().map(|(_, w)| w).sum();
+    assert!(
+        marked * 2 > all,
+        "{marked} of {all} samples end in [no unwind info] spin+0x.."
+    );
+    assert!(
+        s["unwinding"]["no_unwind_info"].as_u64().unwrap() > 0,
+        "{}",
+        s["unwinding"]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -75,7 +75,27 @@ pub fn run_env(root: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) 
 }
 
 fn build(root: &Path) -> anyhow::Result<()> {
-    run(root, "cargo", &["build", "--release", "--workspace", "--bins"])
+    run(root, "cargo", &["build", "--release", "--workspace", "--bins"])?;
+    // The stall programs again as a plain `cargo build --release` makes
+    // them (and as real validators are): no frame pointers in our code,
+    // jemalloc built with the C compiler's defaults (-O2 omits them).
+    run_env(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "--package",
+            "slotprof-tests",
+            "--bins",
+            "--target-dir",
+            "target/nofp",
+        ],
+        &[
+            ("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", ""),
+            ("CFLAGS", "-O2"),
+        ],
+    )
 }
 
 pub fn is_root() -> bool {

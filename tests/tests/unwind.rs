@@ -1,0 +1,241 @@
+//! User stacks of binaries without frame pointers, unwound from their CFI,
+//! checked against what the program is known to run and against
+//! `perf record --call-graph dwarf` on the same run.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+
+/// A stall program as a plain `cargo build --release` makes it (no frame
+/// pointers), built by `cargo xtask build` into target/nofp.
+fn without_frame_pointers(name: &str) -> PathBuf {
+    let release = stall_program(name);
+    let p = release
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("nofp/release")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: `cargo xtask build` (or `cargo xtask test`) builds it",
+        p.display()
+    );
+    p
+}
+
+/// Share (by weight) of `thread`'s folded stacks whose frames hold `chain`
+/// in order, root first (a frame matches when it contains the name).
+fn share_with_chain(folded: &flamegraphs::Folded, thread: &str, chain: &[&str]) -> (f64, u64) {
+    let (mut with, mut all) = (0u64, 0u64);
+    for (stack, w) in folded.iter() {
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&thread) {
+            continue;
+        }
+        all += w;
+        if holds_chain(&frames, chain) {
+            with += w;
+        }
+    }
+    (if all == 0 { 0.0 } else { with as f64 / all as f64 }, all)
+}
+
+fn holds_chain(frames: &[&str], chain: &[&str]) -> bool {
+    let mut at = 0;
+    for want in chain {
+        match frames[at..].iter().position(|f| f.contains(want)) {
+            Some(i) => at += i + 1,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// perf's samples of `thread` (leaf first per sample) from `perf script`.
+fn perf_samples(perf: &Path, data: &Path, thread: &str) -> Vec<Vec<String>> {
+    let out = Command::new(perf)
+        .args(["script", "-F", "comm,tid,ip,sym", "-i"])
+        .arg(data)
+        .output()
+        .expect("perf script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut samples = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            if let Some(s) = current.take() {
+                samples.push(s);
+            }
+        } else if !line.starts_with(|c: char| c.is_whitespace()) {
+            if let Some(s) = current.take() {
+                samples.push(s);
+            }
+            let comm = line.split_whitespace().next().unwrap_or("");
+            current = (comm == thread).then(Vec::new);
+        } else if let Some(s) = current.as_mut() {
+            let mut parts = line.split_whitespace();
+            let _ip = parts.next();
+            s.push(parts.collect::<Vec<_>>().join(" "));
+        }
+    }
+    samples.extend(current);
+    samples
+}
+
+fn perf_binary() -> Option<PathBuf> {
+    ["/usr/bin/perf", "/usr/local/bin/perf"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+const HOT_CHAIN: &[&str] = &["start_thread", "deep_spin_top", "deep_spin_mid", "deep_spin_leaf"];
+const WAIT_CHAIN: &[&str] = &[
+    "start_thread",
+    "deep_wait_top",
+    "deep_wait_mid",
+    "deep_wait_leaf",
+    "Condvar",
+];
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_like_perf() {
+    let Some(_k) = kernel() else { return };
+    let perf = perf_binary();
+    if perf.is_none() {
+        eprintln!(
+            "NOT CHECKED: perf is not installed (`apt-get install linux-perf`): no comparison with perf"
+        );
+    }
+    for (build, bin) in [
+        ("no frame pointers", without_frame_pointers("stall-deep")),
+        ("frame pointers", stall_program("stall-deep")),
+    ] {
+        let dir = scratch(&format!("unwind-{}", build.replace(' ', "-")));
+        let mut target = Command::new(&bin)
+            .args(["--seconds", "9"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let pid = target.id().to_string();
+        let perf_data = dir.join("perf.data");
+        let perf_run = perf.as_ref().map(|p| {
+            Command::new(p)
+                .args([
+                    "record",
+                    "-q",
+                    "--call-graph",
+                    "dwarf",
+                    "-F",
+                    "99",
+                    "-p",
+                    &pid,
+                    "-o",
+                ])
+                .arg(&perf_data)
+                .args(["--", "sleep", "5"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        });
+        let out = dir.join("out");
+        let o = run_slotprof(&[
+            "attach",
+            "--pid",
+            &pid,
+            "--duration",
+            "5s",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{build}");
+        if let Some(mut p) = perf_run {
+            let _ = p.wait();
+        }
+        let _ = target.wait();
+
+        let oncpu = read_folded(&out.join("oncpu.folded"));
+        let (hot, hot_n) = share_with_chain(&oncpu, "hot", HOT_CHAIN);
+        let offcpu = read_folded(&out.join("offcpu.folded"));
+        let (wait, wait_ns) = share_with_chain(&offcpu, "waiter", WAIT_CHAIN);
+        eprintln!(
+            "{build}: hot thread {hot_n} samples, {:.1}% reach the thread start through the whole \
+             chain; waiter {:.0} ms off-CPU, {:.1}% with the whole chain",
+            hot * 100.0,
+            wait_ns as f64 / 1e6,
+            wait * 100.0
+        );
+        assert!(hot_n >= 50, "{build}: only {hot_n} samples of the hot thread");
+        assert!(
+            hot >= 0.95,
+            "{build}: {:.1}% of on-CPU samples with the whole chain",
+            hot * 100.0
+        );
+        assert!(
+            wait_ns >= 1_000_000_000,
+            "{build}: the waiter was off-CPU {wait_ns} ns"
+        );
+        assert!(
+            wait >= 0.95,
+            "{build}: {:.1}% of off-CPU time with the whole chain",
+            wait * 100.0
+        );
+        let s = read_json(&out.join("summary.json"));
+        let exe = s["unwinding"]["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["module"] == "stall-deep")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(exe["unwinding"], "cfi", "{build}: {}", s["unwinding"]);
+        assert!(
+            s["frame_pointers"]["advice"].is_null(),
+            "{build}: {}",
+            s["frame_pointers"]
+        );
+
+        if let Some(perf) = &perf {
+            let samples = perf_samples(perf, &perf_data, "hot");
+            let full = samples
+                .iter()
+                .filter(|leaf_first| {
+                    let root_first: Vec<&str> = leaf_first.iter().rev().map(String::as_str).collect();
+                    holds_chain(&root_first, HOT_CHAIN)
+                })
+                .count();
+            let perf_share = full as f64 / samples.len().max(1) as f64;
+            eprintln!(
+                "{build}: perf --call-graph dwarf: {} samples of the hot thread, {:.1}% with the whole chain",
+                samples.len(),
+                perf_share * 100.0
+            );
+            if samples.len() >= 50 {
+                assert!(
+                    hot >= perf_share - 0.05,
+                    "{build}: slotprof {:.1}% vs perf {:.1}% of samples with the whole chain",
+                    hot * 100.0,
+                    perf_share * 100.0
+                );
+            } else {
+                eprintln!("NOT CHECKED: perf recorded too few samples of the hot thread to compare");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
