@@ -239,3 +239,63 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("unwind-c");
+    let src = dir.join("cwait.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <pthread.h>\n#include <time.h>\n\
+         static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;\n\
+         static pthread_cond_t c = PTHREAD_COND_INITIALIZER;\n\
+         __attribute__((noinline)) void c_waiting_function(void) {\n\
+           struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);\n\
+           ts.tv_nsec += 20000000; if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }\n\
+           pthread_mutex_lock(&m); pthread_cond_timedwait(&c, &m, &ts); pthread_mutex_unlock(&m); }\n\
+         static void *waiter(void *a) { time_t end = time(0) + 3; while (time(0) < end) c_waiting_function(); return a; }\n\
+         int main(void) { pthread_t t; pthread_create(&t, 0, waiter, 0); pthread_setname_np(t, \"cwaiter\");\n\
+           pthread_join(t, 0); return 0; }\n",
+    )
+    .unwrap();
+    let bin = dir.join("cwait");
+    let cc = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: no C compiler (cc) to build the waiter");
+        return;
+    }
+    let out = dir.join("out");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let offcpu = read_folded(&out.join("offcpu.folded"));
+    let (share, ns) = share_with_chain(
+        &offcpu,
+        "cwaiter",
+        &["start_thread", "c_waiting_function", "pthread_cond_timedwait"],
+    );
+    eprintln!(
+        "C waiter (-O2 -fomit-frame-pointer, glibc without frame pointers): {:.0} ms off-CPU, {:.1}% \
+         with start_thread..c_waiting_function..pthread_cond_timedwait",
+        ns as f64 / 1e6,
+        share * 100.0
+    );
+    assert!(ns >= 1_000_000_000, "the waiter was off-CPU {ns} ns");
+    assert!(
+        share >= 0.95,
+        "{:.1}% of the waiter's off-CPU time names its function",
+        share * 100.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
