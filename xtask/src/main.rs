@@ -91,10 +91,9 @@ fn build(root: &Path) -> anyhow::Result<()> {
             "--target-dir",
             "target/nofp",
         ],
-        &[
-            ("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", ""),
-            ("CFLAGS", "-O2"),
-        ],
+        // RUSTFLAGS replaces .cargo/config.toml's target rustflags (a
+        // CARGO_TARGET_*_RUSTFLAGS variable would be added to them).
+        &[("RUSTFLAGS", "-C force-frame-pointers=no"), ("CFLAGS", "-O2")],
     )
 }
 
