@@ -233,6 +233,9 @@ pub mod reg {
     pub const RDX: usize = 12;
     pub const RSI: usize = 13;
     pub const RDI: usize = 14;
+    /// The system call number on a system call entry, -1 (or an error
+    /// code) on interrupts and exceptions.
+    pub const ORIG_RAX: usize = 15;
     pub const RIP: usize = 16;
     pub const CS: usize = 17;
     pub const RSP: usize = 19;

@@ -579,8 +579,6 @@ fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> P
 pub struct StackCache {
     /// User stacks unwound from copies (ids from `USER_STACK_ID_BASE` up).
     pub user: crate::user_stacks::UserStacks,
-    /// tid -> (start of its open interval, its user stack read from /proc).
-    sleepers: HashMap<u32, (u64, i32)>,
     stacks: HashMap<i32, (Vec<u64>, u64)>,
     generation: u64,
     rotated: Option<Instant>,
@@ -617,35 +615,6 @@ impl StackCache {
         let s = probes.stack(id)?;
         self.stacks.insert(id, (s.clone(), self.generation));
         Some(s)
-    }
-
-    /// The user stack of a thread asleep now (an interval still open),
-    /// read once per interval from /proc: no system call exit has copied
-    /// it yet. Keeps the kernel's marker when it cannot be read.
-    pub fn user_stack_of_sleeper(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        start: &OffCpuStart,
-        sym: &symbolizer::Symbolizer,
-    ) -> i32 {
-        if start.user_stack_id >= 0 {
-            return start.user_stack_id;
-        }
-        if let Some(&(s, id)) = self.sleepers.get(&tid) {
-            if s == start.start_ns {
-                return id;
-            }
-        }
-        let id = self
-            .user
-            .of_sleeping_thread(pid, tid, sym)
-            .unwrap_or(start.user_stack_id);
-        self.sleepers.insert(tid, (start.start_ns, id));
-        if self.sleepers.len() > 65_536 {
-            self.sleepers.clear();
-        }
-        id
     }
 
     /// Starts a new stack epoch (which empties the older of the two maps),

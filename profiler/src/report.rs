@@ -264,9 +264,8 @@ impl Unwinding {
             modules: user
                 .unwinder
                 .module_stats()
-                .iter()
                 .map(|(m, s)| ModuleUnwinding {
-                    module: m.clone(),
+                    module: m.to_string(),
                     unwinding: s.unwinding.clone(),
                     build_id: s.build_id.clone(),
                     frames: s.frames,

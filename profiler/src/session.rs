@@ -273,7 +273,7 @@ pub async fn run(
             let mut start = start;
             // Still asleep: no system call exit will copy its stack; it is
             // read from /proc while the thread is blocked.
-            start.user_stack_id = stacks.user_stack_of_sleeper(target.pid, tid, &start, &sym);
+            start.user_stack_id = stacks.user.of_sleeper(target.pid, tid, &start, &sym);
             agg.still_off_cpu(tid, &start, now, comm.trim_end());
         }
     }

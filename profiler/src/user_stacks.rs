@@ -19,10 +19,11 @@ use std::{
 };
 
 use profiler_ebpf::{
-    stack_for, EventKind, UserStackHeader, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
+    stack_for, EventKind, OffCpuStart, UserStackHeader, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE,
+    USER_STACK_NEXT,
 };
 use symbolizer::{
-    unwind::{marker, End, Unwinder},
+    unwind::{marker, Unwinder},
     Symbolizer,
 };
 
@@ -88,6 +89,8 @@ pub struct UserStacks {
     held: HashMap<u32, Vec<Held>>,
     held_count: usize,
     switch_out: HashMap<u32, SwitchOutCopy>,
+    /// tid -> (start of its open interval, its user stack read from /proc).
+    sleepers: HashMap<u32, (u64, i32)>,
     synced: Vec<u32>,
     pub sources: StackSources,
     last_sweep: Instant,
@@ -103,6 +106,7 @@ impl Default for UserStacks {
             held: HashMap::new(),
             held_count: 0,
             switch_out: HashMap::new(),
+            sleepers: HashMap::new(),
             synced: Vec::new(),
             sources: StackSources::default(),
             last_sweep: Instant::now(),
@@ -190,7 +194,14 @@ impl UserStacks {
                 let new_id = match copy {
                     Some(c) if !c.bytes.is_empty() => {
                         self.sources.offcpu_at_switch_out += 1;
-                        self.unwind(&c.header, &c.bytes, sym)
+                        self.unwind(
+                            c.header.tgid,
+                            c.header.ip,
+                            c.header.sp,
+                            c.header.bp,
+                            &c.bytes,
+                            sym,
+                        )
                     }
                     _ => {
                         self.sources.offcpu_not_taken += 1;
@@ -227,15 +238,12 @@ impl UserStacks {
         self.sources.copies += 1;
         self.sources.copy_bytes += stack.len() as u64;
         if header.why == stack_for::SWITCH_OUT {
-            if let Some(old) = self.switch_out.insert(
-                header.tid,
-                SwitchOutCopy {
-                    start_ns: header.start_ns,
-                    header,
-                    bytes: stack.to_vec(),
-                },
-            ) {
-                let _ = old;
+            let copy = SwitchOutCopy {
+                start_ns: header.start_ns,
+                header,
+                bytes: stack.to_vec(),
+            };
+            if self.switch_out.insert(header.tid, copy).is_some() {
                 self.sources.switch_out_copies_unused += 1;
             }
             return Ok(());
@@ -247,7 +255,7 @@ impl UserStacks {
         let id = if stack.is_empty() {
             self.not_taken()
         } else {
-            self.unwind(&header, stack, sym)
+            self.unwind(header.tgid, header.ip, header.sp, header.bp, stack, sym)
         };
         let taken = !stack.is_empty();
         for mut h in waiting {
@@ -267,14 +275,14 @@ impl UserStacks {
         Ok(())
     }
 
-    fn unwind(&mut self, h: &UserStackHeader, stack: &[u8], sym: &Symbolizer) -> i32 {
-        if !self.synced.contains(&h.tgid) {
-            if let Some(maps) = sym.process_maps(h.tgid) {
-                self.unwinder.sync(h.tgid, maps);
+    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], sym: &Symbolizer) -> i32 {
+        if !self.synced.contains(&pid) {
+            if let Some(maps) = sym.process_maps(pid) {
+                self.unwinder.sync(pid, maps);
             }
-            self.synced.push(h.tgid);
+            self.synced.push(pid);
         }
-        let (frames, _end): (Vec<u64>, End) = self.unwinder.unwind(h.tgid, h.ip, h.sp, h.bp, stack);
+        let (frames, _end) = self.unwinder.unwind(pid, ip, sp, bp, stack);
         self.intern(frames)
     }
 
@@ -387,59 +395,31 @@ impl UserStacks {
         self.ids.is_empty()
     }
 
-    /// The user stack of a thread blocked right now, read from
-    /// `/proc/PID/task/TID/syscall` (its user stack and instruction
-    /// pointers) and `/proc/PID/mem`: for intervals still open when a
-    /// session ends, which no system call exit will ever copy.
-    pub fn of_sleeping_thread(&mut self, pid: u32, tid: u32, sym: &Symbolizer) -> Option<i32> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-        let f: Vec<&str> = text.split_whitespace().collect();
-        // "nr arg0..arg5 sp pc" while blocked in a system call.
-        if f.len() != 9 {
-            return None;
+    /// The user stack of a thread asleep now (an interval still open),
+    /// read once per interval from /proc: no system call exit has copied
+    /// it yet. Keeps `start`'s id when the thread cannot be read.
+    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart, sym: &Symbolizer) -> i32 {
+        if start.user_stack_id >= 0 {
+            return start.user_stack_id;
         }
-        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-        let (sp, pc) = (hex(f[7])?, hex(f[8])?);
-        let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
-        let n = read_memory(pid, sp, &mut stack);
-        if n == 0 {
-            return None;
+        if let Some(&(s, id)) = self.sleepers.get(&tid) {
+            if s == start.start_ns {
+                return id;
+            }
         }
-        stack.truncate(n);
-        let header = UserStackHeader {
-            kind: EventKind::UserStack as u32,
-            cpu: 0,
-            ts_ns: 0,
-            tgid: pid,
-            tid,
-            ip: pc,
-            sp,
-            bp: 0,
-            len: n as u32,
-            why: stack_for::SYSCALL_EXIT,
-            start_ns: 0,
+        let id = match symbolizer::unwind::blocked_thread(pid, tid, profiler_ebpf::USER_STACK_BYTES) {
+            Some((pc, sp, stack)) => {
+                self.synced.retain(|&p| p != pid);
+                self.unwind(pid, pc, sp, 0, &stack, sym)
+            }
+            None => start.user_stack_id,
         };
-        self.synced.retain(|&p| p != pid);
-        Some(self.unwind(&header, &stack, sym))
-    }
-}
-
-/// Reads as much of `buf` as is readable from `addr` on, page by page.
-fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
-    use std::os::unix::fs::FileExt;
-    let Ok(f) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
-        return 0;
-    };
-    let mut done = 0;
-    while done < buf.len() {
-        let page_end = ((addr + done as u64) | 4095) + 1;
-        let want = ((page_end - (addr + done as u64)) as usize).min(buf.len() - done);
-        match f.read_at(&mut buf[done..done + want], addr + done as u64) {
-            Ok(n) if n > 0 => done += n,
-            _ => break,
+        if self.sleepers.len() >= 65_536 {
+            self.sleepers.clear();
         }
+        self.sleepers.insert(tid, (start.start_ns, id));
+        id
     }
-    done
 }
 
 #[cfg(test)]

@@ -1,34 +1,24 @@
-//! Unwinds a blocked thread's user stack from /proc (debugging aid):
-//! `unwind_thread PID TID`.
-use std::os::unix::fs::FileExt;
-use symbolizer::{maps::ProcessMaps, unwind::Unwinder, Symbolizer};
+//! Unwinds a thread blocked in a system call from /proc, with the same
+//! unwinder slotprof uses (a debugging aid): `unwind_thread PID TID`.
+use symbolizer::{maps::ProcessMaps, unwind, Symbolizer};
 
 fn main() {
-    let args: Vec<u32> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
-    let (pid, tid) = (args[0], args[1]);
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap();
-    let f: Vec<&str> = text.split_whitespace().collect();
-    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
-    let (sp, pc) = (hex(f[7]), hex(f[8]));
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut stack = vec![0u8; 16384];
-    let mut n = 0;
-    while n < stack.len() {
-        let want = (4096 - ((sp + n as u64) & 4095)) as usize;
-        let want = want.min(stack.len() - n);
-        match mem.read_at(&mut stack[n..n + want], sp + n as u64) {
-            Ok(k) if k > 0 => n += k,
-            _ => break,
-        }
-    }
-    stack.truncate(n);
-    let maps = ProcessMaps::read(pid).unwrap();
-    let mut u = Unwinder::new();
+    let args: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let [pid, tid] = args[..] else {
+        eprintln!("usage: unwind_thread PID TID");
+        std::process::exit(2);
+    };
+    let Some((pc, sp, stack)) = unwind::blocked_thread(pid, tid, 16384) else {
+        eprintln!("thread {tid} of {pid} is not blocked in a system call (or cannot be read)");
+        std::process::exit(1);
+    };
+    let maps = ProcessMaps::read(pid).expect("read /proc/PID/maps");
+    let mut u = unwind::Unwinder::new();
     u.sync(pid, &maps);
     let (frames, end) = u.unwind(pid, pc, sp, 0, &stack);
     let mut sym = Symbolizer::new();
-    sym.track_process(pid).unwrap();
-    println!("{n} stack bytes, end {end:?}");
+    sym.track_process(pid).expect("read /proc/PID/maps");
+    println!("{} stack bytes, end {end:?}", stack.len());
     for (i, a) in frames.iter().enumerate() {
         println!("{a:#x} {:?}", sym.user_frame(pid, *a, i > 0));
     }

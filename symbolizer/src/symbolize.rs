@@ -117,15 +117,9 @@ impl Symbolizer {
     /// stack's first: a return address points after the call, so one byte
     /// back is looked up to stay inside the caller's call instruction.
     pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Vec<String> {
-        let lookup = if is_return_address {
-            addr.saturating_sub(1)
-        } else {
-            addr
-        };
-        let Some(mapping) = self.processes.get(&pid).and_then(|m| m.find(lookup)) else {
+        let Some((mapping, file_offset)) = self.locate(pid, addr, is_return_address) else {
             return vec![format!("[unknown] {addr:#x}")];
         };
-        let file_offset = lookup - mapping.start + mapping.file_offset;
         let label = mapping.label.clone();
         let path = match &mapping.path {
             Some(p) => p.clone(),
@@ -152,15 +146,23 @@ impl Symbolizer {
 
     /// `module+0xoffset` (file offset) of a user address of `pid`.
     pub fn module_offset(&self, pid: u32, addr: u64, is_return_address: bool) -> String {
+        match self.locate(pid, addr, is_return_address) {
+            Some((m, file_offset)) => format!("{}+{file_offset:#x}", m.label),
+            None => format!("{addr:#x}"),
+        }
+    }
+
+    /// The mapping holding a user address of `pid` and the file offset
+    /// looked up (a return address points after its call: one byte back
+    /// stays inside the caller's call instruction).
+    fn locate(&self, pid: u32, addr: u64, is_return_address: bool) -> Option<(&crate::maps::Mapping, u64)> {
         let lookup = if is_return_address {
             addr.saturating_sub(1)
         } else {
             addr
         };
-        match self.processes.get(&pid).and_then(|m| m.find(lookup)) {
-            Some(m) => format!("{}+{:#x}", m.label, lookup - m.start + m.file_offset),
-            None => format!("{addr:#x}"),
-        }
+        let m = self.processes.get(&pid)?.find(lookup)?;
+        Some((m, lookup - m.start + m.file_offset))
     }
 
     /// Where the function holding user address `addr` of `pid` starts

@@ -11,7 +11,7 @@
 //! binary search. [framehop] does the CFI evaluation.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     ops::Range,
     path::{Path, PathBuf},
     sync::Arc,
@@ -112,12 +112,13 @@ struct ModuleData {
 }
 
 impl ModuleData {
-    fn load(bytes_of: impl FnOnce() -> std::io::Result<Vec<u8>>) -> Self {
-        let data = match bytes_of() {
-            Ok(d) => d,
-            Err(e) => return Self::without(Cfi::Unreadable(e.to_string())),
-        };
-        Self::parse(&data)
+    /// Reads a module's unwind sections from its file: only the headers
+    /// and those sections are read (a validator's text is 100+ MB).
+    fn from_file(file: std::io::Result<std::fs::File>) -> Self {
+        match file {
+            Ok(f) => Self::parse(&object::read::ReadCache::new(f)),
+            Err(e) => Self::without(Cfi::Unreadable(e.to_string())),
+        }
     }
 
     fn without(cfi: Cfi) -> Self {
@@ -134,8 +135,8 @@ impl ModuleData {
         }
     }
 
-    /// Reads the sections from an ELF image.
-    fn parse(data: &[u8]) -> Self {
+    /// Reads the sections from an ELF image (in memory, or read on demand).
+    fn parse<'data>(data: impl object::ReadRef<'data>) -> Self {
         let file = match object::File::parse(data) {
             Ok(f) => f,
             Err(e) => return Self::without(Cfi::Unreadable(format!("not an ELF file: {e}"))),
@@ -336,8 +337,17 @@ pub enum End {
 struct ProcessUnwinder {
     signature: u64,
     unwinder: UnwinderX86_64<Arc<[u8]>>,
-    /// (range, module label, file key), sorted by start.
-    ranges: Vec<(Range<u64>, String, FileKey)>,
+    /// Sorted by start.
+    ranges: Vec<ModuleRange>,
+}
+
+/// A code mapping of a process: which module's statistics its frames count
+/// in, and whether its CFI is used.
+struct ModuleRange {
+    range: Range<u64>,
+    stats: usize,
+    cfi: bool,
+    file: FileKey,
 }
 
 /// Unwinds the user stacks of the processes it is told about.
@@ -345,7 +355,9 @@ pub struct Unwinder {
     files: HashMap<FileKey, Arc<ModuleData>>,
     processes: HashMap<u32, ProcessUnwinder>,
     cache: CacheX86_64,
-    stats: BTreeMap<String, ModuleStats>,
+    /// Per module label, in first-seen order; `stats_index` finds one.
+    stats: Vec<(String, ModuleStats)>,
+    stats_index: HashMap<String, usize>,
     pub totals: UnwindTotals,
     /// Warnings not yet said (a corrupt module's CFI, once per file).
     warnings: Vec<String>,
@@ -363,7 +375,8 @@ impl Unwinder {
             files: HashMap::new(),
             processes: HashMap::new(),
             cache: CacheX86_64::new(),
-            stats: BTreeMap::new(),
+            stats: Vec::new(),
+            stats_index: HashMap::new(),
             totals: UnwindTotals::default(),
             warnings: Vec::new(),
         }
@@ -394,7 +407,11 @@ impl Unwinder {
                 continue;
             };
             let name = m.label.clone();
-            let stats = self.stats.entry(name.clone()).or_default();
+            let index = *self.stats_index.entry(name.clone()).or_insert_with(|| {
+                self.stats.push((name.clone(), ModuleStats::default()));
+                self.stats.len() - 1
+            });
+            let stats = &mut self.stats[index].1;
             stats.unwinding = data.cfi.label().to_string();
             stats.build_id = data.build_id.clone();
             stats.table_bytes = data.bytes;
@@ -408,9 +425,14 @@ impl Unwinder {
                 bias,
                 data.section_info(),
             ));
-            ranges.push((m.start..m.end, name, key));
+            ranges.push(ModuleRange {
+                range: m.start..m.end,
+                stats: index,
+                cfi: data.cfi.usable(),
+                file: key,
+            });
         }
-        ranges.sort_by_key(|(r, _, _)| r.start);
+        ranges.sort_by_key(|r| r.range.start);
         self.processes.insert(
             pid,
             ProcessUnwinder {
@@ -419,15 +441,11 @@ impl Unwinder {
                 ranges,
             },
         );
-    }
-
-    /// Forgets a process (it exited and its stacks are unwound).
-    pub fn forget(&mut self, pid: u32) {
-        self.processes.remove(&pid);
+        // Files no process maps any more (a library unloaded, a restart).
         let live: std::collections::HashSet<&FileKey> = self
             .processes
             .values()
-            .flat_map(|p| p.ranges.iter().map(|(_, _, k)| k))
+            .flat_map(|p| p.ranges.iter().map(|r| &r.file))
             .collect();
         self.files.retain(|k, _| live.contains(k));
     }
@@ -438,8 +456,9 @@ impl Unwinder {
             if let Some(d) = self.files.get(&key) {
                 return Some((key, d.clone()));
             }
-            let (start, len) = (m.start, (m.end - m.start).min(1 << 20) as usize);
-            let data = Arc::new(ModuleData::load(|| read_process_memory(pid, start, len)));
+            let mut image = vec![0u8; (m.end - m.start).min(1 << 20) as usize];
+            let n = read_memory(pid, m.start, &mut image);
+            let data = Arc::new(ModuleData::parse(&image[..n]));
             self.note_once(&m.label, &data);
             self.files.insert(key.clone(), data.clone());
             return Some((key, data));
@@ -457,7 +476,7 @@ impl Unwinder {
         if let Some(d) = self.files.get(&key) {
             return Some((key, d.clone()));
         }
-        let data = Arc::new(ModuleData::load(|| read_elf_unwind_parts(open)));
+        let data = Arc::new(ModuleData::from_file(Ok(open)));
         self.note_once(&m.label, &data);
         self.files.insert(key.clone(), data.clone());
         Some((key, data))
@@ -477,9 +496,9 @@ impl Unwinder {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Per module (by label): how its frames were unwound.
-    pub fn module_stats(&self) -> &BTreeMap<String, ModuleStats> {
-        &self.stats
+    /// Per module (by label, in first-seen order): how its frames were unwound.
+    pub fn module_stats(&self) -> impl Iterator<Item = (&str, &ModuleStats)> {
+        self.stats.iter().map(|(m, s)| (m.as_str(), s))
     }
 
     /// Bytes of unwind sections held now.
@@ -536,11 +555,9 @@ impl Unwinder {
         for (i, &a) in frames.iter().enumerate() {
             let lookup = if i == 0 { a } else { a.wrapping_sub(1) };
             match self.module_of(pid, lookup) {
-                Some((label, usable)) => {
+                Some((index, usable)) => {
                     last_usable = usable;
-                    if let Some(s) = self.stats.get_mut(&label) {
-                        s.frames += 1;
-                    }
+                    self.stats[index].1.frames += 1;
                 }
                 None => {
                     last_usable = false;
@@ -572,10 +589,8 @@ impl Unwinder {
                     } else {
                         last.wrapping_sub(1)
                     };
-                    if let Some((label, _)) = self.module_of(pid, lookup) {
-                        if let Some(s) = self.stats.get_mut(&label) {
-                            s.no_unwind_info += 1;
-                        }
+                    if let Some((index, _)) = self.module_of(pid, lookup) {
+                        self.stats[index].1.no_unwind_info += 1;
                     }
                 }
                 frames.push(marker::NO_UNWIND_INFO);
@@ -588,16 +603,13 @@ impl Unwinder {
         (frames, end)
     }
 
-    /// The module holding `addr` in `pid` and whether its CFI is usable.
-    fn module_of(&self, pid: u32, addr: u64) -> Option<(String, bool)> {
+    /// The statistics index of the module holding `addr` in `pid`, and
+    /// whether its CFI is used.
+    fn module_of(&self, pid: u32, addr: u64) -> Option<(usize, bool)> {
         let p = self.processes.get(&pid)?;
-        let i = p.ranges.partition_point(|(r, _, _)| r.start <= addr);
-        let (r, label, key) = p.ranges.get(i.checked_sub(1)?)?;
-        if addr >= r.end {
-            return None;
-        }
-        let usable = self.files.get(key).is_some_and(|d| d.cfi.usable());
-        Some((label.clone(), usable))
+        let i = p.ranges.partition_point(|r| r.range.start <= addr);
+        let r = p.ranges.get(i.checked_sub(1)?)?;
+        (addr < r.range.end).then_some((r.stats, r.cfi))
     }
 }
 
@@ -613,69 +625,43 @@ fn open_mapped(pid: u32, m: &Mapping, path: &Path) -> Option<std::fs::File> {
     candidates.iter().find_map(|p| std::fs::File::open(p).ok())
 }
 
-/// The parts of an ELF file that unwinding needs, without reading the rest
-/// (a validator's text is 100+ MB): headers, then only the unwind sections,
-/// laid out at their file offsets in a sparse image.
-fn read_elf_unwind_parts(file: std::fs::File) -> std::io::Result<Vec<u8>> {
+/// Reads as much of `buf` as is readable in `pid`'s memory from `addr` on,
+/// page by page (a stack copy stops at the end of its mapping); returns the
+/// bytes read.
+pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
     use std::os::unix::fs::FileExt;
-    let size = file.metadata()?.len();
-    if size > 8 << 30 {
-        return Err(std::io::Error::other("larger than 8 GiB"));
-    }
-    let cache = object::read::ReadCache::new(&file);
-    let elf =
-        object::File::parse(&cache).map_err(|e| std::io::Error::other(format!("not an ELF file: {e}")))?;
-    // Section headers, program headers and the sections we need go into an
-    // image with everything else zero; object parses it like the file.
-    let mut wanted: Vec<(u64, u64)> = Vec::new();
-    for s in elf.sections() {
-        let name = s.name().unwrap_or("");
-        if matches!(
-            name,
-            ".eh_frame" | ".eh_frame_hdr" | ".debug_frame" | ".shstrtab" | ".note.gnu.build-id"
-        ) {
-            if let Some(r) = s.file_range() {
-                wanted.push(r);
-            }
+    let Ok(f) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+        return 0;
+    };
+    let mut done = 0;
+    while done < buf.len() {
+        let at = addr + done as u64;
+        let want = ((4096 - (at & 4095)) as usize).min(buf.len() - done);
+        match f.read_at(&mut buf[done..done + want], at) {
+            Ok(n) if n > 0 => done += n,
+            _ => break,
         }
     }
-    drop(elf);
-    drop(cache);
-    // The ELF header and both header tables.
-    let mut header = [0u8; 64];
-    file.read_exact_at(&mut header, 0)?;
-    let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap());
-    let u16_at = |o: usize| u16::from_le_bytes(header[o..o + 2].try_into().unwrap()) as u64;
-    let (phoff, shoff) = (u64_at(0x20), u64_at(0x28));
-    let (phsize, phnum, shsize, shnum) = (u16_at(0x36), u16_at(0x38), u16_at(0x3a), u16_at(0x3c));
-    wanted.push((0, 64));
-    wanted.push((phoff, phsize * phnum));
-    wanted.push((shoff, shsize * shnum));
-    let end = wanted
-        .iter()
-        .map(|&(o, l)| o.saturating_add(l))
-        .max()
-        .unwrap_or(0);
-    if end > size {
-        return Err(std::io::Error::other("section past the end of the file"));
-    }
-    // The image is as long as the furthest part: zero pages cost nothing
-    // until written (calloc), so a 1 GiB file whose unwind sections sit
-    // at its start stays small.
-    let mut image = vec![0u8; end as usize];
-    for (o, l) in wanted {
-        file.read_exact_at(&mut image[o as usize..(o + l) as usize], o)?;
-    }
-    Ok(image)
+    done
 }
 
-/// Reads `len` bytes of another process's memory (its vDSO).
-fn read_process_memory(pid: u32, addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(format!("/proc/{pid}/mem"))?;
-    let mut buf = vec![0u8; len];
-    f.read_exact_at(&mut buf, addr)?;
-    Ok(buf)
+/// A thread blocked in a system call right now: its user instruction and
+/// stack pointers (from `/proc/PID/task/TID/syscall`) and up to `max`
+/// bytes of its stack. The frame pointer is not known from /proc, so a
+/// frame whose CFI is relative to it ends the unwinding there.
+pub fn blocked_thread(pid: u32, tid: u32, max: usize) -> Option<(u64, u64, Vec<u8>)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    let f: Vec<&str> = text.split_whitespace().collect();
+    // "nr arg0..arg5 sp pc" while blocked in a system call.
+    if f.len() != 9 {
+        return None;
+    }
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let (sp, pc) = (hex(f[7])?, hex(f[8])?);
+    let mut stack = vec![0u8; max];
+    let n = read_memory(pid, sp, &mut stack);
+    stack.truncate(n);
+    (n > 0).then_some((pc, sp, stack))
 }
 
 #[cfg(test)]
@@ -699,8 +685,7 @@ mod tests {
 
     #[test]
     fn own_binary_has_checked_cfi_and_a_bias() {
-        let exe = std::fs::File::open("/proc/self/exe").unwrap();
-        let data = ModuleData::load(|| read_elf_unwind_parts(exe));
+        let data = ModuleData::from_file(std::fs::File::open("/proc/self/exe"));
         assert_eq!(data.cfi, Cfi::EhFrameHdr, "{:?}", data.cfi);
         assert!(data.bytes > 0);
         // Mapped from a page-aligned offset before the segment's own (lld
@@ -725,7 +710,7 @@ mod tests {
         for b in &mut image[off as usize..(off + len) as usize] {
             *b = 0xa5;
         }
-        let data = ModuleData::parse(&image);
+        let data = ModuleData::parse(&image[..]);
         assert!(matches!(data.cfi, Cfi::Corrupt(_)), "{:?}", data.cfi);
         assert!(
             data.eh_frame.is_none(),
@@ -740,19 +725,9 @@ mod tests {
         unsafe {
             std::arch::asm!("lea {0}, [rip]", "mov {1}, rsp", "mov {2}, rbp", out(reg) ip, out(reg) sp, out(reg) bp);
         }
-        // Through /proc/self/mem, page by page: the stack mapping may end
-        // less than 16 KiB above sp.
+        // The stack mapping may end less than 16 KiB above sp.
         let mut bytes = vec![0u8; 16384];
-        let mem = std::fs::File::open("/proc/self/mem").unwrap();
-        let mut n = 0;
-        while n < bytes.len() {
-            use std::os::unix::fs::FileExt;
-            let want = ((4096 - ((sp + n as u64) & 4095)) as usize).min(bytes.len() - n);
-            match mem.read_at(&mut bytes[n..n + want], sp + n as u64) {
-                Ok(k) if k > 0 => n += k,
-                _ => break,
-            }
-        }
+        let n = read_memory(std::process::id(), sp, &mut bytes);
         bytes.truncate(n);
         out.push((ip, sp, bp, bytes));
     }

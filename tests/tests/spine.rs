@@ -297,9 +297,9 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
 fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("nofp");
-    let src = dir.join("spin.c");
-    std::fs::write(
-        &src,
+    let Some(bin) = compile_c(
+        &dir,
+        "spin",
         "#include <time.h>\n\
          static volatile unsigned long sink;\n\
          __attribute__((noinline)) static unsigned long spin(unsigned long x) {\n\
@@ -307,18 +307,10 @@ fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
            return x; }\n\
          int main(void) { time_t end = time(0) + 2; unsigned long x = 1;\n\
            while (time(0) < end) x = spin(x); sink = x; return 0; }\n",
-    )
-    .unwrap();
-    let bin = dir.join("spin");
-    let cc = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status();
-    if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: no C compiler (cc) to build a binary without frame pointers");
+        &["-O2", "-fomit-frame-pointer"],
+    ) else {
         return;
-    }
+    };
     // Neither frame pointers nor CFI: its .eh_frame (which gcc emits by
     // default, and which slotprof unwinds with) is removed.
     let objcopy = Command::new("objcopy")
@@ -348,13 +340,7 @@ fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
     let advice = s["frame_pointers"]["advice"].as_str().unwrap();
     assert!(advice.contains("force-frame-pointers") && advice.contains("-fno-omit-frame-pointer"));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nor frame pointers"));
-    let spin = s["unwinding"]["modules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["module"] == "spin")
-        .cloned()
-        .unwrap_or_default();
+    let spin = unwinding_of(&s, "spin");
     assert_eq!(spin["unwinding"], "frame pointers (no CFI)", "{}", s["unwinding"]);
     // Its stacks end saying so, with the module and offset.
     let folded = read_folded(&out.join("oncpu.folded"));

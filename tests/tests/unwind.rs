@@ -196,13 +196,7 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
             wait * 100.0
         );
         let s = read_json(&out.join("summary.json"));
-        let exe = s["unwinding"]["modules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["module"] == "stall-deep")
-            .cloned()
-            .unwrap_or_default();
+        let exe = unwinding_of(&s, "stall-deep");
         assert_eq!(exe["unwinding"], "cfi", "{build}: {}", s["unwinding"]);
         assert!(
             s["frame_pointers"]["advice"].is_null(),
@@ -245,9 +239,9 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
 fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("unwind-c");
-    let src = dir.join("cwait.c");
-    std::fs::write(
-        &src,
+    let Some(bin) = compile_c(
+        &dir,
+        "cwait",
         "#define _GNU_SOURCE\n#include <pthread.h>\n#include <time.h>\n\
          static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;\n\
          static pthread_cond_t c = PTHREAD_COND_INITIALIZER;\n\
@@ -258,18 +252,10 @@ fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
          static void *waiter(void *a) { time_t end = time(0) + 3; while (time(0) < end) c_waiting_function(); return a; }\n\
          int main(void) { pthread_t t; pthread_create(&t, 0, waiter, 0); pthread_setname_np(t, \"cwaiter\");\n\
            pthread_join(t, 0); return 0; }\n",
-    )
-    .unwrap();
-    let bin = dir.join("cwait");
-    let cc = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status();
-    if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: no C compiler (cc) to build the waiter");
+        &["-O2", "-fomit-frame-pointer", "-pthread"],
+    ) else {
         return;
-    }
+    };
     let out = dir.join("out");
     let o = run_slotprof(&[
         "record",

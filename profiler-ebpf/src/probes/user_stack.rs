@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, PendingUserStack, UserStackHeader, UserStackRecord,
-    OFFCPU_MAP_ENTRIES, USER_STACK_BYTES,
+    OFFCPU_MAP_ENTRIES, PT_REGS_WORDS, USER_STACK_BYTES,
 };
 
 use super::{count, maybe_offcpu_target, submit_flags, EVENTS};
@@ -54,23 +54,20 @@ pub struct UserRegsNow {
 
 #[inline(always)]
 pub fn user_regs_now() -> Option<UserRegsNow> {
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u64;
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const [u64; PT_REGS_WORDS];
     if regs.is_null() {
         return None;
     }
-    let word = |i: usize| unsafe { bpf_probe_read_kernel(regs.add(i)) }.unwrap_or(0);
-    let ip = word(reg::RIP);
-    let cs = word(reg::CS);
-    if cs & 3 != 3 {
+    // One read of the whole `struct pt_regs` (168 bytes).
+    let r = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    if r[reg::CS] & 3 != 3 {
         return None; // a kernel thread: no user context
     }
-    const ORIG_AX: usize = 15;
-    let orig_ax = word(ORIG_AX) as i64;
     Some(UserRegsNow {
-        ip,
-        sp: word(reg::RSP),
-        bp: word(reg::RBP),
-        in_syscall: orig_ax >= 0 && word(reg::RCX) == ip,
+        ip: r[reg::RIP],
+        sp: r[reg::RSP],
+        bp: r[reg::RBP],
+        in_syscall: (r[reg::ORIG_RAX] as i64) >= 0 && r[reg::RCX] == r[reg::RIP],
     })
 }
 

@@ -751,7 +751,7 @@ impl Chunk<'_> {
             b,
             self.config.min_offcpu.as_nanos() as u64,
             &mut agg,
-            &mut |tid, start| stacks.user_stack_of_sleeper(self.target.pid, tid, start, sym),
+            &mut |tid, start| stacks.user.of_sleeper(self.target.pid, tid, start, sym),
         );
         let table = stacks.table(probes, agg.stack_ids());
         // Stacks of events still pending and of threads asleep now are

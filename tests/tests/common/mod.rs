@@ -250,3 +250,33 @@ pub fn free_port_pair() -> u16 {
     }
     panic!("no free port pair on loopback");
 }
+
+/// Compiles C `source` into `dir/name` with `cc` and `flags`; `None` after
+/// printing SKIPPED when there is no working compiler.
+pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Option<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let bin = dir.join(name);
+    let cc = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: no C compiler (cc) to build {name}");
+        return None;
+    }
+    Some(bin)
+}
+
+/// `summary.json`'s unwinding entry for module `name` (Null when absent).
+pub fn unwinding_of(summary: &serde_json::Value, name: &str) -> serde_json::Value {
+    summary["unwinding"]["modules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["module"] == name)
+        .cloned()
+        .unwrap_or_default()
+}
