@@ -100,6 +100,11 @@ pub mod stack_for {
     /// A switch-out outside any system call (a preemption, a page-fault
     /// sleep): for the off-CPU interval that begins at `start_ns`.
     pub const SWITCH_OUT: u32 = 3;
+    /// Or'd in: the copy stopped where userspace said the thread's
+    /// outermost frame ends (`USER_STACK_TOP`), not at the most we copy.
+    pub const BOUNDED: u32 = 1 << 8;
+    /// The reason without the flags.
+    pub const MASK: u32 = 0xff;
 }
 
 /// A copy of the top of a thread's user stack and the registers to unwind
@@ -427,9 +432,12 @@ pub struct OffCpuInterval {
 #[derive(Clone, Copy, Debug)]
 pub struct OffCpuStart {
     pub start_ns: u64,
-    /// The user stack pointer at the switch-out (the deferred copy checks
-    /// it is unchanged at the system call's exit).
+    /// The user registers at the switch-out: the deferred copy checks the
+    /// stack pointer is unchanged at the system call's exit, and a thread
+    /// still asleep at the end is unwound from them and its memory.
+    pub user_ip: u64,
     pub user_sp: u64,
+    pub user_bp: u64,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
     pub state: u32,

@@ -324,6 +324,26 @@ impl Probes {
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
+    /// Tells the kernel where threads' outermost frames end, so their user
+    /// stack copies stop there (`None` forgets a thread's bound).
+    pub fn set_stack_tops(&mut self, tops: &[(u32, Option<u64>)]) {
+        if tops.is_empty() {
+            return;
+        }
+        let Some(map) = self.ebpf.map_mut("USER_STACK_TOP") else {
+            return;
+        };
+        let Ok(mut map) = aya::maps::HashMap::<_, u32, u64>::try_from(map) else {
+            return;
+        };
+        for &(tid, top) in tops {
+            let _ = match top {
+                Some(top) => map.insert(tid, top, 0),
+                None => map.remove(&tid),
+            };
+        }
+    }
+
     /// The epoch the programs write stacks into now.
     pub fn stack_epoch(&self) -> u32 {
         self.stack_epoch

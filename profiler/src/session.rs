@@ -146,10 +146,13 @@ pub async fn run(
         target = wait_for_exec(&target).await;
     }
     let mut sym = symbolizer_for(target.pid)?;
+    // The prologue scan reads the whole executable (a validator's is 77 MB:
+    // most of a second): beside the loop, which must drain the ring from
+    // the first moment (it filled while the scan ran first).
     let fp_scan = target
         .exe
-        .as_deref()
-        .and_then(|exe| symbolizer::frame_pointers::scan(exe).ok());
+        .clone()
+        .map(|exe| tokio::task::spawn_blocking(move || symbolizer::frame_pointers::scan(&exe).ok()));
 
     let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
     let mut saved = match &opts.save_events {
@@ -201,6 +204,7 @@ pub async fn run(
                 {
                     drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user, &sym);
                     stacks.user.expire(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
+                    probes.set_stack_tops(&stacks.user.take_stack_tops());
                     let in_flight = probes.in_flight_offcpu();
                     let still_needed = recent_ids.iter().flatten().copied().chain(in_flight.iter().flat_map(
                         |(_, s)| s.stack_ids(),
@@ -403,7 +407,10 @@ pub async fn run(
         .unwrap_or_default();
     let frame_pointers = FramePointers::judge(
         target.exe.clone(),
-        fp_scan,
+        match fp_scan {
+            Some(t) => t.await.ok().flatten(),
+            None => None,
+        },
         profiles.median_user_depth,
         unwinding.has_cfi(&exe_label),
     );

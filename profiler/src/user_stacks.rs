@@ -23,7 +23,7 @@ use profiler_ebpf::{
     USER_STACK_NEXT,
 };
 use symbolizer::{
-    unwind::{marker, Unwinder},
+    unwind::{marker, End, Unwinder},
     Symbolizer,
 };
 
@@ -33,6 +33,9 @@ use crate::events::{self, Event};
 /// with `[user stack not taken]` (a thread that exits inside a system call
 /// never comes back to user space).
 const HOLD_FOR: Duration = Duration::from_secs(2);
+
+/// Bytes kept above the highest word a complete unwind read.
+const STACK_TOP_MARGIN: u64 = 64;
 
 /// Records held at most; past this the oldest go on without a stack.
 const MAX_HELD: usize = 200_000;
@@ -91,6 +94,9 @@ pub struct UserStacks {
     switch_out: HashMap<u32, SwitchOutCopy>,
     /// tid -> (start of its open interval, its user stack read from /proc).
     sleepers: HashMap<u32, (u64, i32)>,
+    /// tid -> where its outermost frame ends (see `unwind_copy`).
+    tops: HashMap<u32, u64>,
+    new_tops: Vec<(u32, Option<u64>)>,
     synced: Vec<u32>,
     pub sources: StackSources,
     last_sweep: Instant,
@@ -107,6 +113,8 @@ impl Default for UserStacks {
             held_count: 0,
             switch_out: HashMap::new(),
             sleepers: HashMap::new(),
+            tops: HashMap::new(),
+            new_tops: Vec::new(),
             synced: Vec::new(),
             sources: StackSources::default(),
             last_sweep: Instant::now(),
@@ -194,14 +202,7 @@ impl UserStacks {
                 let new_id = match copy {
                     Some(c) if !c.bytes.is_empty() => {
                         self.sources.offcpu_at_switch_out += 1;
-                        self.unwind(
-                            c.header.tgid,
-                            c.header.ip,
-                            c.header.sp,
-                            c.header.bp,
-                            &c.bytes,
-                            sym,
-                        )
+                        self.unwind_copy(&c.header, &c.bytes, sym)
                     }
                     _ => {
                         self.sources.offcpu_not_taken += 1;
@@ -237,7 +238,7 @@ impl UserStacks {
         };
         self.sources.copies += 1;
         self.sources.copy_bytes += stack.len() as u64;
-        if header.why == stack_for::SWITCH_OUT {
+        if header.why & stack_for::MASK == stack_for::SWITCH_OUT {
             let copy = SwitchOutCopy {
                 start_ns: header.start_ns,
                 header,
@@ -255,7 +256,7 @@ impl UserStacks {
         let id = if stack.is_empty() {
             self.not_taken()
         } else {
-            self.unwind(header.tgid, header.ip, header.sp, header.bp, stack, sym)
+            self.unwind_copy(&header, stack, sym)
         };
         let taken = !stack.is_empty();
         for mut h in waiting {
@@ -275,15 +276,58 @@ impl UserStacks {
         Ok(())
     }
 
-    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8], sym: &Symbolizer) -> i32 {
+    fn unwind(
+        &mut self,
+        pid: u32,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+        sym: &Symbolizer,
+    ) -> (i32, End, u64) {
         if !self.synced.contains(&pid) {
             if let Some(maps) = sym.process_maps(pid) {
                 self.unwinder.sync(pid, maps);
             }
             self.synced.push(pid);
         }
-        let (frames, _end) = self.unwinder.unwind(pid, ip, sp, bp, stack);
-        self.intern(frames)
+        let (frames, end, reach) = self.unwinder.unwind(pid, ip, sp, bp, stack);
+        (self.intern(frames), end, reach)
+    }
+
+    /// Unwinds a kernel copy, and learns from it where the thread's
+    /// outermost frame ends: the kernel copies no further from then on (a
+    /// thread's idle stack is a few KiB; without the bound every copy ran
+    /// to the end of its mapping or the 16 KiB limit).
+    fn unwind_copy(&mut self, h: &UserStackHeader, stack: &[u8], sym: &Symbolizer) -> i32 {
+        let (id, end, reach) = self.unwind(h.tgid, h.ip, h.sp, h.bp, stack, sym);
+        let bounded = h.why & stack_for::BOUNDED != 0;
+        match end {
+            End::Complete => {
+                let top = (reach + STACK_TOP_MARGIN + 15) & !15;
+                if self.tops.get(&h.tid) != Some(&top) {
+                    if self.tops.len() >= 65_536 {
+                        self.tops.clear();
+                    }
+                    self.tops.insert(h.tid, top);
+                    self.new_tops.push((h.tid, Some(top)));
+                }
+            }
+            // The bound was wrong (a new thread with a reused tid, a
+            // thread on another stack): back to whole copies.
+            End::StackCopyEnd if bounded => {
+                self.tops.remove(&h.tid);
+                self.new_tops.push((h.tid, None));
+            }
+            _ => {}
+        }
+        id
+    }
+
+    /// Where threads' outermost frames end, learnt since the last call:
+    /// for the kernel's `USER_STACK_TOP` map (`None`: forget the bound).
+    pub fn take_stack_tops(&mut self) -> Vec<(u32, Option<u64>)> {
+        std::mem::take(&mut self.new_tops)
     }
 
     fn not_taken(&mut self) -> i32 {
@@ -395,9 +439,10 @@ impl UserStacks {
         self.ids.is_empty()
     }
 
-    /// The user stack of a thread asleep now (an interval still open),
-    /// read once per interval from /proc: no system call exit has copied
-    /// it yet. Keeps `start`'s id when the thread cannot be read.
+    /// The user stack of a thread asleep now (an interval still open), read
+    /// once per interval from /proc/PID/mem with the registers the kernel
+    /// kept at its switch-out: no system call exit has copied it yet.
+    /// Keeps `start`'s id when the thread's memory cannot be read.
     pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart, sym: &Symbolizer) -> i32 {
         if start.user_stack_id >= 0 {
             return start.user_stack_id;
@@ -407,12 +452,17 @@ impl UserStacks {
                 return id;
             }
         }
-        let id = match symbolizer::unwind::blocked_thread(pid, tid, profiler_ebpf::USER_STACK_BYTES) {
-            Some((pc, sp, stack)) => {
-                self.synced.retain(|&p| p != pid);
-                self.unwind(pid, pc, sp, 0, &stack, sym)
-            }
-            None => start.user_stack_id,
+        // Its registers as it left user space, its stack as it is now (a
+        // blocked thread's user stack does not change).
+        let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
+        let n = symbolizer::unwind::read_memory(pid, start.user_sp, &mut stack);
+        let id = if start.user_sp != 0 && n > 0 {
+            stack.truncate(n);
+            self.synced.retain(|&p| p != pid);
+            self.unwind(pid, start.user_ip, start.user_sp, start.user_bp, &stack, sym)
+                .0
+        } else {
+            start.user_stack_id
         };
         if self.sleepers.len() >= 65_536 {
             self.sleepers.clear();

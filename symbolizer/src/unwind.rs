@@ -509,13 +509,16 @@ impl Unwinder {
     /// Unwinds one user stack of `pid`: `stack` is a copy of its memory from
     /// `sp` up. Returns the frames, leaf first (the first is `ip`, the rest
     /// return addresses), ending in a [`marker`] unless the stack was
-    /// complete.
-    pub fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End) {
+    /// complete; and the end of the highest stack word read (for a complete
+    /// stack: where the thread's outermost frame ends).
+    pub fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End, u64) {
         self.totals.stacks += 1;
         self.totals.stack_bytes += stack.len() as u64;
+        let mut reach = sp;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
             let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            reach = reach.max(addr + 8);
             Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
         };
         let mut frames = Vec::with_capacity(32);
@@ -600,7 +603,7 @@ impl Unwinder {
                 frames.push(marker::UNWIND_ERROR);
             }
         }
-        (frames, end)
+        (frames, end, reach)
     }
 
     /// The statistics index of the module holding `addr` in `pid`, and
@@ -643,25 +646,6 @@ pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
         }
     }
     done
-}
-
-/// A thread blocked in a system call right now: its user instruction and
-/// stack pointers (from `/proc/PID/task/TID/syscall`) and up to `max`
-/// bytes of its stack. The frame pointer is not known from /proc, so a
-/// frame whose CFI is relative to it ends the unwinding there.
-pub fn blocked_thread(pid: u32, tid: u32, max: usize) -> Option<(u64, u64, Vec<u8>)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    let f: Vec<&str> = text.split_whitespace().collect();
-    // "nr arg0..arg5 sp pc" while blocked in a system call.
-    if f.len() != 9 {
-        return None;
-    }
-    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    let (sp, pc) = (hex(f[7])?, hex(f[8])?);
-    let mut stack = vec![0u8; max];
-    let n = read_memory(pid, sp, &mut stack);
-    stack.truncate(n);
-    (n > 0).then_some((pc, sp, stack))
 }
 
 #[cfg(test)]
@@ -761,7 +745,7 @@ mod tests {
                 let mut u = Unwinder::new();
                 u.sync(pid, &maps);
                 let (ip, sp, bp, bytes) = &out[0];
-                let (frames, end) = u.unwind(pid, *ip, *sp, *bp, bytes);
+                let (frames, end, _) = u.unwind(pid, *ip, *sp, *bp, bytes);
                 let mut sym = crate::Symbolizer::new();
                 sym.track_process(pid).unwrap();
                 let names: Vec<String> = frames

@@ -57,19 +57,23 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
             // The user stack: copied at the system call's exit if this
             // interval is reported (deferred, see user_stack.rs), or now
             // when the thread left outside a system call.
-            let (user_stack_id, user_sp) = match user_regs_now() {
-                Some(r) if r.in_syscall => (USER_STACK_NEXT, r.sp),
+            let regs = user_regs_now();
+            let user_stack_id = match &regs {
+                Some(r) if r.in_syscall => USER_STACK_NEXT,
                 Some(r) => {
-                    if send_user_stack(&r, stack_for::SWITCH_OUT, now) {
+                    if send_user_stack(r, stack_for::SWITCH_OUT, now) {
                         count(counter::USER_STACKS_AT_SWITCH_OUT);
                     }
-                    (USER_STACK_AT_SWITCH_OUT, r.sp)
+                    USER_STACK_AT_SWITCH_OUT
                 }
-                None => (-14, 0),
+                None => -14,
             };
+            let (user_ip, user_sp, user_bp) = regs.map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
             let start = OffCpuStart {
                 start_ns: now,
+                user_ip,
                 user_sp,
+                user_bp,
                 user_stack_id,
                 kernel_stack_id,
                 state: state as u32,

@@ -32,6 +32,11 @@ use super::{count, maybe_offcpu_target, submit_flags, EVENTS};
 #[map]
 static USER_STACK_SCRATCH: PerCpuArray<UserStackRecord> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where each thread's outermost frame ends (userspace writes it after a
+/// complete unwind): copies stop there.
+#[map]
+static USER_STACK_TOP: LruHashMap<u32, u64> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
 /// Threads whose user stack is to be copied at their next system call exit.
 #[map]
 static PENDING_USER_STACK: LruHashMap<u32, PendingUserStack> =
@@ -81,24 +86,47 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     let pid_tgid = bpf_get_current_pid_tgid();
     let rec = unsafe { &mut *rec };
     let sp = regs.sp;
+    let tid = pid_tgid as u32;
+    // How much to copy: up to the thread's outermost frame when userspace
+    // has learnt where that is (it never moves for a thread's life), else
+    // the most we copy. A thread's idle stack is a few KiB; its mapping
+    // (and the TLS glibc keeps at its top) goes on well past that.
+    let mut want = USER_STACK_BYTES;
+    let mut bounded = 0;
+    if let Some(top) = USER_STACK_TOP.get_ptr(&tid) {
+        let top = unsafe { *top };
+        if top > sp && top - sp < USER_STACK_BYTES as u64 {
+            want = (top - sp) as usize;
+            bounded = stack_for::BOUNDED;
+        }
+    }
     // The first piece ends at the page boundary above sp, then whole pages
     // until one cannot be read (the end of the stack mapping) or the copy
-    // is full.
-    let first = (4096 - (sp & 4095)) as u32;
+    // is done.
+    let mut first = (4096 - (sp & 4095)) as usize;
+    if first > want {
+        first = want;
+    }
+    let first = (first & 8191) as u32;
     let mut len: usize = 0;
     let base = rec.stack.as_mut_ptr();
     if sp != 0 && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
         len = first as usize;
         let mut page = 0;
-        while page < USER_STACK_BYTES / 4096 - 1 && len < USER_STACK_BYTES {
+        while page < USER_STACK_BYTES / 4096 && len < want {
             // Masked so the verifier sees the bound (the record has a
             // page of slack past USER_STACK_BYTES for exactly this).
             let off = len & (USER_STACK_BYTES - 1);
-            if unsafe { bpf_probe_read_user(base.add(off).cast(), 4096, (sp + off as u64) as *const _) } != 0
+            let mut chunk = want - len;
+            if chunk > 4096 {
+                chunk = 4096;
+            }
+            let chunk = (chunk & 8191) as u32;
+            if unsafe { bpf_probe_read_user(base.add(off).cast(), chunk, (sp + off as u64) as *const _) } != 0
             {
                 break;
             }
-            len = off + 4096;
+            len = off + chunk as usize;
             page += 1;
         }
     }
@@ -116,7 +144,7 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
         sp,
         bp: regs.bp,
         len,
-        why,
+        why: why | bounded,
         start_ns,
     };
     let total = core::mem::size_of::<UserStackHeader>() + (len as usize & (USER_STACK_BYTES * 2 - 1));

@@ -606,6 +606,7 @@ async fn follow(
                 }
                 drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
                 stacks.user.expire(&mut |e| pending.push(&slot_log, e));
+                probes.set_stack_tops(&stacks.user.take_stack_tops());
                 let now = monotonic_ns();
                 let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
                 if !done.is_empty() {
