@@ -478,10 +478,10 @@ pub struct TracepointOffsets {
     pub madvise_behavior: u32,
     pub futex_uaddr: u32,
     pub futex_op: u32,
-    /// `ret` of sys_exit_* (the same in every syscall exit event).
+    /// `ret` and `id` of raw_syscalls:sys_exit.
     pub sys_exit_ret: u32,
     pub tlb_reason: u32,
-    pub _pad: u32,
+    pub sys_exit_id: u32,
 }
 
 /// Indices into the per-CPU `COUNTERS` array.

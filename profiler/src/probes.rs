@@ -150,34 +150,34 @@ impl Probes {
                 &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
             ),
         ];
+        // Every system call's exit, in one program: deferred user stacks
+        // of off-CPU intervals are copied there, and it ends the futex and
+        // madvise calls the detectors see (see syscalls.rs for why one).
+        let sys_exit = attach_tracepoint(&mut ebpf, "slotprof_sys_exit", &[("raw_syscalls", "sys_exit")]);
+        let exit_attached = sys_exit.attached;
+        status.push(sys_exit);
         if config.detector_probes {
             // Detector probes: madvise, futex, TLB flushes and shootdown IPIs.
-            // Each syscall's exit is attached before its entry, and the entry
-            // only if the exit is: an entry whose exit is never seen would
-            // stay in the per-thread map (and a futex entry there makes
-            // sched_switch take the thread's next sleep for a futex wait).
-            for [(exit, exit_tp), (enter, enter_tp)] in [
-                [
-                    ("slotprof_madvise_exit", "sys_exit_madvise"),
-                    ("slotprof_madvise_enter", "sys_enter_madvise"),
-                ],
-                [
-                    ("slotprof_futex_exit", "sys_exit_futex"),
-                    ("slotprof_futex_enter", "sys_enter_futex"),
-                ],
+            // A syscall's entry only if the exit probe is attached: an entry
+            // whose exit is never seen would stay in the per-thread map (and
+            // a futex entry there makes sched_switch take the thread's next
+            // sleep for a futex wait).
+            for (enter, enter_tp) in [
+                ("slotprof_madvise_enter", "sys_enter_madvise"),
+                ("slotprof_futex_enter", "sys_enter_futex"),
             ] {
-                let exit = attach_tracepoint(&mut ebpf, exit, &[("syscalls", exit_tp)]);
-                let enter = if exit.attached {
+                status.push(if exit_attached {
                     attach_tracepoint(&mut ebpf, enter, &[("syscalls", enter_tp)])
                 } else {
                     ProbeStatus {
                         program: enter,
                         event: format!("syscalls:{enter_tp}"),
                         attached: false,
-                        error: Some(format!("not attached: its exit probe ({exit_tp}) did not attach")),
+                        error: Some(
+                            "not attached: the exit probe (raw_syscalls:sys_exit) did not attach".into(),
+                        ),
                     }
-                };
-                status.extend([exit, enter]);
+                });
             }
             for (program, category, name) in [
                 ("slotprof_tlb_flush", "tlb", "tlb_flush"),
@@ -191,15 +191,6 @@ impl Probes {
                 &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
             ));
         }
-        // Deferred user stacks of off-CPU intervals are copied at the
-        // system call's exit. Attached after the futex and madvise exits:
-        // those copy the stack themselves when they emit a record (and
-        // take the deferred one with it), so running first saves a copy.
-        status.push(attach_tracepoint(
-            &mut ebpf,
-            "slotprof_sys_exit",
-            &[("raw_syscalls", "sys_exit")],
-        ));
         for (program, uprobe) in [
             ("slotprof_slot", &config.slot_uprobe),
             ("slotprof_loop", &config.loop_uprobe),
@@ -463,9 +454,9 @@ fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOff
         madvise_behavior: opt_field(tracefs, "syscalls", "sys_enter_madvise", "behavior", 8, 32),
         futex_uaddr: opt_field(tracefs, "syscalls", "sys_enter_futex", "uaddr", 8, 16),
         futex_op: opt_field(tracefs, "syscalls", "sys_enter_futex", "op", 8, 24),
-        sys_exit_ret: opt_field(tracefs, "syscalls", "sys_exit_futex", "ret", 8, 16),
+        sys_exit_ret: opt_field(tracefs, "raw_syscalls", "sys_exit", "ret", 8, 16),
         tlb_reason: opt_field(tracefs, "tlb", "tlb_flush", "reason", 4, 8),
-        _pad: 0,
+        sys_exit_id: opt_field(tracefs, "raw_syscalls", "sys_exit", "id", 8, 8),
     })
 }
 

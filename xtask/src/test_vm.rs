@@ -27,7 +27,7 @@ use anyhow::{bail, Context};
 /// the detectors against their stall programs and fixed twins, and the
 /// spine they stand on. `slots` needs a browser and `host` a KVM host of
 /// its own; they stay on the development machine.
-const SCENARIOS: &[&str] = &["spine", "detectors", "cache_lines"];
+const SCENARIOS: &[&str] = &["spine", "detectors", "unwind", "cache_lines"];
 
 /// One boot per group and kernel.
 struct Group {
@@ -47,7 +47,7 @@ struct Group {
 const GROUPS: &[Group] = &[
     Group {
         name: "main",
-        scenarios: &["spine", "detectors"],
+        scenarios: &["spine", "detectors", "unwind"],
         precise_ip: false,
         test_limit: Duration::from_secs(240),
     },
@@ -476,15 +476,21 @@ fn build_initramfs(
     wanted: &dyn Fn(&str, &str) -> bool,
     group: &Group,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let release = root.join("target/release");
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
-    for entry in std::fs::read_dir(&release)? {
-        let p = entry?.path();
-        let is_exe = p.is_file()
-            && std::os::unix::fs::PermissionsExt::mode(&p.metadata()?.permissions()) & 0o111 != 0
-            && p.extension().is_none();
-        if is_exe && p.file_name().is_some_and(|n| n != "xtask") {
-            files.insert(p);
+    // The binaries, and the stall programs built without frame pointers
+    // (`cargo xtask build` puts them in target/nofp), at their host paths.
+    for dir in ["target/release", "target/nofp/release"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for entry in entries {
+            let p = entry?.path();
+            let is_exe = p.is_file()
+                && std::os::unix::fs::PermissionsExt::mode(&p.metadata()?.permissions()) & 0o111 != 0
+                && p.extension().is_none();
+            if is_exe && p.file_name().is_some_and(|n| n != "xtask") {
+                files.insert(p);
+            }
         }
     }
     let mut runs = Vec::new();

@@ -41,7 +41,7 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     futex_op: 24,
     sys_exit_ret: 16,
     tlb_reason: 8,
-    _pad: 0,
+    sys_exit_id: 8,
 };
 /// Futex waits shorter than this are only counted per address.
 #[no_mangle]

@@ -1,9 +1,17 @@
-//! madvise(2) and futex(2) of the target, from the syscalls tracepoints.
+//! madvise(2) and futex(2) of the target: their entries from the syscalls
+//! tracepoints, their exits (and every other system call's) from
+//! raw_syscalls:sys_exit.
 //!
 //! Enter records the arguments per thread (a map write, no stack); exit
 //! emits the call, then a copy of the user stack taken there: the thread is
 //! still in its own context returning from the syscall, so its user stack
 //! is the caller's, and short futex waits never pay for a stack at all.
+//!
+//! One program on the exit tracepoint, not one per system call: a second
+//! probe on a tracepoint rewrites its call site (static call) in the
+//! hottest path of every CPU, and under the test VMs' emulation (TCG) that
+//! rewrite raced with the CPUs running it (an int3 oops in
+//! syscall_exit_to_user_mode_prepare, twice in four 6.12 boots).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
@@ -17,8 +25,34 @@ use profiler_ebpf::{
 
 use super::{
     count, count_lost_stacks, is_target, min_futex_ns, offsets, submit_flags,
-    user_stack::send_stack_at_syscall_exit, EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
+    user_stack::{send_stack_at_syscall_exit, take_pending_user_stack},
+    EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
 };
+
+/// x86-64 system call numbers.
+const SYS_MADVISE: i64 = 28;
+const SYS_FUTEX: i64 = 202;
+
+/// raw_syscalls:sys_exit: a futex wait or madvise call of the target is
+/// emitted with its stack; any other exit takes a deferred user stack if
+/// one is pending (see user_stack.rs). Other processes stop at the tgid.
+#[tracepoint]
+pub fn slotprof_sys_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let id: i64 = unsafe { ctx.read_at(offsets().sys_exit_id as usize) }.unwrap_or(-1);
+    let emitted = match id {
+        SYS_FUTEX => futex_exit(&ctx, pid_tgid),
+        SYS_MADVISE => madvise_exit(&ctx, pid_tgid),
+        _ => false,
+    };
+    if !emitted {
+        take_pending_user_stack(pid_tgid as u32);
+    }
+    0
+}
 
 #[tracepoint]
 pub fn slotprof_madvise_enter(ctx: TracePointContext) -> u32 {
@@ -41,18 +75,17 @@ pub fn slotprof_madvise_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+#[inline(always)]
+fn madvise_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
     let tid = pid_tgid as u32;
     let Some(start) = MADVISE_START.get_ptr(&tid) else {
-        return 0;
+        return false;
     };
     let start = unsafe { *start };
     let _ = MADVISE_START.remove(&tid);
     let Some(mut entry) = EVENTS.reserve::<MadviseCall>(0) else {
         count(counter::RING_FULL);
-        return 0;
+        return false;
     };
     let user_stack_id = USER_STACK_NEXT;
     entry.write(MadviseCall {
@@ -72,7 +105,7 @@ pub fn slotprof_madvise_exit(ctx: TracePointContext) -> u32 {
     });
     entry.submit(submit_flags());
     send_stack_at_syscall_exit(tid);
-    0
+    true
 }
 
 #[tracepoint]
@@ -98,12 +131,11 @@ pub fn slotprof_futex_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+#[inline(always)]
+fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
     let tid = pid_tgid as u32;
     let Some(start) = FUTEX_START.get_ptr(&tid) else {
-        return 0;
+        return false;
     };
     let start = unsafe { *start };
     let _ = FUTEX_START.remove(&tid);
@@ -124,13 +156,13 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
                 let _ = FUTEX_SHORT.insert(&start.uaddr, &t, 0);
             }
         }
-        return 0;
+        return false;
     }
     let waker = LAST_WAKER.get_ptr(&tid).map(|w| unsafe { *w });
     let _ = LAST_WAKER.remove(&tid);
     let Some(mut entry) = EVENTS.reserve::<FutexWait>(0) else {
         count(counter::RING_FULL);
-        return 0;
+        return false;
     };
     let (waker_tid, wu, wk, wcomm) = match waker {
         Some(w) => (w.tid, w.user_stack_id, w.kernel_stack_id, w.comm),
@@ -158,5 +190,5 @@ pub fn slotprof_futex_exit(ctx: TracePointContext) -> u32 {
     });
     entry.submit(submit_flags());
     send_stack_at_syscall_exit(tid);
-    0
+    true
 }

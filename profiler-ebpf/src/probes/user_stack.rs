@@ -8,7 +8,7 @@
 //! switch-in, when the thread is not running; but a thread that blocked in
 //! a system call goes back to user space through that call's exit, with
 //! the user stack it had when it blocked, so its stack is copied there
-//! ([`slotprof_sys_exit`]), in its own context. A thread switched out
+//! (`slotprof_sys_exit`), in its own context. A thread switched out
 //! outside a system call (preempted, or asleep in a page fault) has no
 //! such exit: its stack is copied at the switch-out.
 
@@ -17,16 +17,15 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
-    macros::{map, tracepoint},
+    macros::map,
     maps::{LruHashMap, PerCpuArray},
-    programs::TracePointContext,
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, PendingUserStack, UserStackHeader, UserStackRecord,
     OFFCPU_MAP_ENTRIES, PT_REGS_WORDS, USER_STACK_BYTES,
 };
 
-use super::{count, maybe_offcpu_target, submit_flags, EVENTS};
+use super::{count, submit_flags, EVENTS};
 
 /// Where a record is built (16 KiB: too big for the BPF stack).
 #[map]
@@ -85,6 +84,11 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     let rec = unsafe { &mut *rec };
+    // Read through a volatile load: with constant registers (the empty
+    // record of `send_no_stack`) LLVM would zero the header's fields with
+    // a call to memset on the map value, which 6.1's verifier rejects
+    // ("reg type unsupported for arg#0").
+    let regs = unsafe { core::ptr::read_volatile(regs) };
     let sp = regs.sp;
     let tid = pid_tgid as u32;
     // How much to copy: up to the thread's outermost frame when userspace
@@ -101,35 +105,29 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
         }
     }
     // The first piece ends at the page boundary above sp, then whole pages
-    // until one cannot be read (the end of the stack mapping) or the copy
-    // is done.
-    let mut first = (4096 - (sp & 4095)) as usize;
-    if first > want {
-        first = want;
-    }
-    let first = (first & 8191) as u32;
+    // until one cannot be read (the end of the stack mapping) or `want`
+    // is reached; what was read past `want` is not sent. Whole pages at
+    // masked offsets: the shape 6.1's verifier can follow (a variable last
+    // chunk made it lose the offset's bounds).
+    let first = (4096 - (sp & 4095)) as u32;
     let mut len: usize = 0;
     let base = rec.stack.as_mut_ptr();
     if sp != 0 && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
         len = first as usize;
         let mut page = 0;
-        while page < USER_STACK_BYTES / 4096 && len < want {
+        while page < USER_STACK_BYTES / 4096 - 1 && len < want {
             // Masked so the verifier sees the bound (the record has a
             // page of slack past USER_STACK_BYTES for exactly this).
             let off = len & (USER_STACK_BYTES - 1);
-            let mut chunk = want - len;
-            if chunk > 4096 {
-                chunk = 4096;
-            }
-            let chunk = (chunk & 8191) as u32;
-            if unsafe { bpf_probe_read_user(base.add(off).cast(), chunk, (sp + off as u64) as *const _) } != 0
+            if unsafe { bpf_probe_read_user(base.add(off).cast(), 4096, (sp + off as u64) as *const _) } != 0
             {
                 break;
             }
-            len = off + chunk as usize;
+            len = off + 4096;
             page += 1;
         }
     }
+    let len = if len > want { want } else { len };
     let len = len.min(USER_STACK_BYTES) as u32;
     if len == 0 {
         count(counter::USER_STACK_COPY_FAILED);
@@ -216,16 +214,4 @@ pub fn send_stack_at_syscall_exit(tid: u32) {
         }
         None => send_no_stack(stack_for::SYSCALL_EXIT),
     }
-}
-
-/// raw_syscalls:sys_exit: copies a deferred user stack (see the module
-/// doc). Every other system call on the machine stops at the tid hint.
-#[tracepoint]
-pub fn slotprof_sys_exit(_ctx: TracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    if !maybe_offcpu_target(tid) {
-        return 0;
-    }
-    take_pending_user_stack(tid);
-    0
 }
