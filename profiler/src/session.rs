@@ -179,7 +179,7 @@ pub async fn run(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user, &sym);
+                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
@@ -202,7 +202,7 @@ pub async fn run(
                     let _ = sym.track_process(target.pid);
                 }
                 {
-                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user, &sym);
+                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
                     stacks.user.expire(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
                     probes.set_stack_tops(&stacks.user.take_stack_tops());
                     let in_flight = probes.in_flight_offcpu();
@@ -247,7 +247,6 @@ pub async fn run(
         saved.as_mut(),
         &mut recent_ids[0],
         &mut stacks.user,
-        &sym,
     );
     stacks
         .user
@@ -277,7 +276,7 @@ pub async fn run(
             let mut start = start;
             // Still asleep: no system call exit will copy its stack; it is
             // read from /proc while the thread is blocked.
-            start.user_stack_id = stacks.user.of_sleeper(target.pid, tid, &start, &sym);
+            start.user_stack_id = stacks.user.of_sleeper(target.pid, tid, &start);
             agg.still_off_cpu(tid, &start, now, comm.trim_end());
         }
     }
@@ -596,7 +595,6 @@ fn drain(
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
     stack_ids: &mut Vec<i32>,
     user: &mut crate::user_stacks::UserStacks,
-    sym: &Symbolizer,
 ) {
     user.begin_batch();
     while let Some(item) = ring.next() {
@@ -606,7 +604,7 @@ fn drain(
             }
         }
         if user
-            .feed(&item, sym, &mut |e| ingest(agg, slot_log, stack_ids, e))
+            .feed(&item, &mut |e| ingest(agg, slot_log, stack_ids, e))
             .is_err()
         {
             agg.malformed += 1;

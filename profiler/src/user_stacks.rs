@@ -22,10 +22,7 @@ use profiler_ebpf::{
     stack_for, EventKind, OffCpuStart, UserStackHeader, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE,
     USER_STACK_NEXT,
 };
-use symbolizer::{
-    unwind::{marker, End, Unwinder},
-    Symbolizer,
-};
+use symbolizer::unwind::{marker, End, Unwinder};
 
 use crate::events::{self, Event};
 
@@ -97,7 +94,6 @@ pub struct UserStacks {
     /// tid -> where its outermost frame ends (see `unwind_copy`).
     tops: HashMap<u32, u64>,
     new_tops: Vec<(u32, Option<u64>)>,
-    synced: Vec<u32>,
     pub sources: StackSources,
     last_sweep: Instant,
 }
@@ -115,7 +111,6 @@ impl Default for UserStacks {
             sleepers: HashMap::new(),
             tops: HashMap::new(),
             new_tops: Vec::new(),
-            synced: Vec::new(),
             sources: StackSources::default(),
             last_sweep: Instant::now(),
         }
@@ -155,10 +150,8 @@ impl UserStacks {
         Some(frames.to_vec())
     }
 
-    /// Starts a batch of records: the processes' modules are brought up to
-    /// date once per batch, when their first stack comes.
+    /// Starts a batch of records (drops what is no longer used, now and then).
     pub fn begin_batch(&mut self) {
-        self.synced.clear();
         self.sweep();
     }
 
@@ -166,15 +159,10 @@ impl UserStacks {
     /// records waiting for it; any other record is decoded and goes to
     /// `out`, now or once its stack has come. `Err(Malformed)`: not a
     /// record (counted by the caller, never trusted).
-    pub fn feed(
-        &mut self,
-        bytes: &[u8],
-        sym: &Symbolizer,
-        out: &mut impl FnMut(Event),
-    ) -> Result<(), Malformed> {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut impl FnMut(Event)) -> Result<(), Malformed> {
         let kind = bytes.get(..4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
         if kind == Some(EventKind::UserStack as u32) {
-            return self.stack_record(bytes, sym, out);
+            return self.stack_record(bytes, out);
         }
         let mut event = events::decode(bytes).ok_or(Malformed)?;
         let tid = tid_of(&event);
@@ -202,7 +190,7 @@ impl UserStacks {
                 let new_id = match copy {
                     Some(c) if !c.bytes.is_empty() => {
                         self.sources.offcpu_at_switch_out += 1;
-                        self.unwind_copy(&c.header, &c.bytes, sym)
+                        self.unwind_copy(&c.header, &c.bytes)
                     }
                     _ => {
                         self.sources.offcpu_not_taken += 1;
@@ -219,12 +207,7 @@ impl UserStacks {
         Ok(())
     }
 
-    fn stack_record(
-        &mut self,
-        bytes: &[u8],
-        sym: &Symbolizer,
-        out: &mut impl FnMut(Event),
-    ) -> Result<(), Malformed> {
+    fn stack_record(&mut self, bytes: &[u8], out: &mut impl FnMut(Event)) -> Result<(), Malformed> {
         let hsize = std::mem::size_of::<UserStackHeader>();
         let Some(h) = bytes.get(..hsize) else {
             self.sources.malformed += 1;
@@ -256,7 +239,7 @@ impl UserStacks {
         let id = if stack.is_empty() {
             self.not_taken()
         } else {
-            self.unwind_copy(&header, stack, sym)
+            self.unwind_copy(&header, stack)
         };
         let taken = !stack.is_empty();
         for mut h in waiting {
@@ -276,21 +259,7 @@ impl UserStacks {
         Ok(())
     }
 
-    fn unwind(
-        &mut self,
-        pid: u32,
-        ip: u64,
-        sp: u64,
-        bp: u64,
-        stack: &[u8],
-        sym: &Symbolizer,
-    ) -> (i32, End, u64) {
-        if !self.synced.contains(&pid) {
-            if let Some(maps) = sym.process_maps(pid) {
-                self.unwinder.sync(pid, maps);
-            }
-            self.synced.push(pid);
-        }
+    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (i32, End, u64) {
         let (frames, end, reach) = self.unwinder.unwind(pid, ip, sp, bp, stack);
         (self.intern(frames), end, reach)
     }
@@ -299,8 +268,8 @@ impl UserStacks {
     /// outermost frame ends: the kernel copies no further from then on (a
     /// thread's idle stack is a few KiB; without the bound every copy ran
     /// to the end of its mapping or the 16 KiB limit).
-    fn unwind_copy(&mut self, h: &UserStackHeader, stack: &[u8], sym: &Symbolizer) -> i32 {
-        let (id, end, reach) = self.unwind(h.tgid, h.ip, h.sp, h.bp, stack, sym);
+    fn unwind_copy(&mut self, h: &UserStackHeader, stack: &[u8]) -> i32 {
+        let (id, end, reach) = self.unwind(h.tgid, h.ip, h.sp, h.bp, stack);
         let bounded = h.why & stack_for::BOUNDED != 0;
         match end {
             End::Complete => {
@@ -443,7 +412,7 @@ impl UserStacks {
     /// once per interval from /proc/PID/mem with the registers the kernel
     /// kept at its switch-out: no system call exit has copied it yet.
     /// Keeps `start`'s id when the thread's memory cannot be read.
-    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart, sym: &Symbolizer) -> i32 {
+    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart) -> i32 {
         if start.user_stack_id >= 0 {
             return start.user_stack_id;
         }
@@ -458,8 +427,7 @@ impl UserStacks {
         let n = symbolizer::unwind::read_memory(pid, start.user_sp, &mut stack);
         let id = if start.user_sp != 0 && n > 0 {
             stack.truncate(n);
-            self.synced.retain(|&p| p != pid);
-            self.unwind(pid, start.user_ip, start.user_sp, start.user_bp, &stack, sym)
+            self.unwind(pid, start.user_ip, start.user_sp, start.user_bp, &stack)
                 .0
         } else {
             start.user_stack_id
@@ -530,25 +498,20 @@ mod tests {
 
     #[test]
     fn a_deferred_interval_waits_for_its_threads_next_copy_and_no_other() {
-        let sym = Symbolizer::new();
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &mut |e| out.push(e))
             .unwrap();
         assert!(out.is_empty(), "held until its stack comes");
         // Another thread's copy does not release it.
-        u.feed(
-            &stack_rec(8, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
-            &sym,
-            &mut |e| out.push(e),
-        )
+        u.feed(&stack_rec(8, stack_for::SYSCALL_EXIT, 0, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
         .unwrap();
         assert!(out.is_empty());
-        u.feed(
-            &stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
-            &sym,
-            &mut |e| out.push(e),
-        )
+        u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
         .unwrap();
         assert_eq!(out.len(), 1);
         assert!(is_unwound(user_id(&out[0])));
@@ -557,16 +520,15 @@ mod tests {
 
     #[test]
     fn an_empty_copy_and_a_session_end_give_not_taken() {
-        let sym = Symbolizer::new();
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &mut |e| out.push(e))
             .unwrap();
-        u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[]), &sym, &mut |e| {
+        u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[]), &mut |e| {
             out.push(e)
         })
         .unwrap();
-        u.feed(&offcpu(9, 100, USER_STACK_NEXT), &sym, &mut |e| out.push(e))
+        u.feed(&offcpu(9, 100, USER_STACK_NEXT), &mut |e| out.push(e))
             .unwrap();
         u.flush(&mut |e| out.push(e));
         assert_eq!(out.len(), 2);
@@ -579,41 +541,31 @@ mod tests {
 
     #[test]
     fn a_switch_out_copy_is_used_only_by_the_interval_that_began_there() {
-        let sym = Symbolizer::new();
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        u.feed(
-            &stack_rec(7, stack_for::SWITCH_OUT, 100, &[0; 64]),
-            &sym,
-            &mut |e| out.push(e),
-        )
-        .unwrap();
-        u.feed(&offcpu(7, 200, USER_STACK_AT_SWITCH_OUT), &sym, &mut |e| {
+        u.feed(&stack_rec(7, stack_for::SWITCH_OUT, 100, &[0; 64]), &mut |e| {
             out.push(e)
         })
         .unwrap();
+        u.feed(&offcpu(7, 200, USER_STACK_AT_SWITCH_OUT), &mut |e| out.push(e))
+            .unwrap();
         assert_eq!(
             u.get(user_id(&out[0])),
             Some(vec![marker::NOT_TAKEN]),
             "start differs"
         );
-        u.feed(
-            &stack_rec(7, stack_for::SWITCH_OUT, 300, &[0; 64]),
-            &sym,
-            &mut |e| out.push(e),
-        )
-        .unwrap();
-        u.feed(&offcpu(7, 300, USER_STACK_AT_SWITCH_OUT), &sym, &mut |e| {
+        u.feed(&stack_rec(7, stack_for::SWITCH_OUT, 300, &[0; 64]), &mut |e| {
             out.push(e)
         })
         .unwrap();
+        u.feed(&offcpu(7, 300, USER_STACK_AT_SWITCH_OUT), &mut |e| out.push(e))
+            .unwrap();
         assert_ne!(u.get(user_id(&out[1])), Some(vec![marker::NOT_TAKEN]));
         assert!(is_unwound(user_id(&out[1])));
     }
 
     #[test]
     fn a_sample_gets_the_copy_right_after_it_and_identical_stacks_share_an_id() {
-        let sym = Symbolizer::new();
         let mut u = UserStacks::default();
         let mut out = Vec::new();
         for _ in 0..2 {
@@ -627,8 +579,8 @@ mod tests {
                 kernel_stack_id: -14,
                 comm: [0; COMM_LEN],
             };
-            u.feed(&raw(&s), &sym, &mut |e| out.push(e)).unwrap();
-            u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &sym, &mut |e| {
+            u.feed(&raw(&s), &mut |e| out.push(e)).unwrap();
+            u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &mut |e| {
                 out.push(e)
             })
             .unwrap();
@@ -636,11 +588,7 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(user_id(&out[0]), user_id(&out[1]));
         assert!(u
-            .feed(
-                &stack_rec(3, stack_for::SAMPLE, 0, &[0; 64])[..20],
-                &sym,
-                &mut |_| {}
-            )
+            .feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64])[..20], &mut |_| {})
             .is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! Unwinds a thread blocked in a system call from /proc, with the same
 //! unwinder slotprof uses (a debugging aid): `unwind_thread PID TID`.
-use symbolizer::{maps::ProcessMaps, unwind, Symbolizer};
+use symbolizer::{unwind, Symbolizer};
 
 fn main() {
     let args: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -12,9 +12,7 @@ fn main() {
         eprintln!("thread {tid} of {pid} is not blocked in a system call (or cannot be read)");
         std::process::exit(1);
     };
-    let maps = ProcessMaps::read(pid).expect("read /proc/PID/maps");
     let mut u = unwind::Unwinder::new();
-    u.sync(pid, &maps);
     let (frames, end, _) = u.unwind(pid, pc, sp, 0, &stack);
     let mut sym = Symbolizer::new();
     sym.track_process(pid).expect("read /proc/PID/maps");

@@ -15,6 +15,7 @@ use std::{
     ops::Range,
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use framehop::{
@@ -27,6 +28,11 @@ use crate::maps::{Mapping, ProcessMaps};
 
 /// Frames kept per user stack; a deeper stack ends in [`marker::TRUNCATED`].
 pub const MAX_FRAMES: usize = 128;
+
+/// Bounds of the wait between two reads of a process's memory map for
+/// unknown code.
+const REFRESH_MIN: Duration = Duration::from_millis(10);
+const REFRESH_MAX: Duration = Duration::from_secs(10);
 
 /// Values that end an unwound stack to say why it ended there. They sit
 /// above the canonical user address range, so no real frame has them;
@@ -358,6 +364,9 @@ pub struct Unwinder {
     /// Per module label, in first-seen order; `stats_index` finds one.
     stats: Vec<(String, ModuleStats)>,
     stats_index: HashMap<String, usize>,
+    /// When each process's memory map was last read here, and how long
+    /// until it may be read again.
+    refreshed: HashMap<u32, (Instant, Duration)>,
     pub totals: UnwindTotals,
     /// Warnings not yet said (a corrupt module's CFI, once per file).
     warnings: Vec<String>,
@@ -377,6 +386,7 @@ impl Unwinder {
             cache: CacheX86_64::new(),
             stats: Vec::new(),
             stats_index: HashMap::new(),
+            refreshed: HashMap::new(),
             totals: UnwindTotals::default(),
             warnings: Vec::new(),
         }
@@ -384,7 +394,7 @@ impl Unwinder {
 
     /// Brings the modules known for `pid` in line with `maps` (cheap when
     /// its code mappings did not change).
-    pub fn sync(&mut self, pid: u32, maps: &ProcessMaps) {
+    fn sync(&mut self, pid: u32, maps: &ProcessMaps) {
         let code: Vec<&Mapping> = maps.mappings().iter().filter(|m| m.executable).collect();
         let signature = {
             use std::hash::{Hash, Hasher};
@@ -511,9 +521,71 @@ impl Unwinder {
     /// return addresses), ending in a [`marker`] unless the stack was
     /// complete; and the end of the highest stack word read (for a complete
     /// stack: where the thread's outermost frame ends).
+    ///
+    /// The process's modules are read from its /proc/PID/maps the first
+    /// time, and again when a stack leads into code no known module holds:
+    /// a library mapped since, or the first moments of a command that is
+    /// still loading its libraries.
     pub fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End, u64) {
         self.totals.stacks += 1;
         self.totals.stack_bytes += stack.len() as u64;
+        if !self.processes.contains_key(&pid) {
+            self.refresh(pid);
+        }
+        let mut walked = self.walk(pid, ip, sp, bp, stack);
+        if self.stopped_in_unknown_code(pid, &walked.0) && self.refresh(pid) {
+            walked = self.walk(pid, ip, sp, bp, stack);
+            // Code no file backs (a JIT) stays unknown however often the
+            // map is read: back off (10 ms, doubling to 10 s) until a read
+            // helps again.
+            let helped = !self.stopped_in_unknown_code(pid, &walked.0);
+            if let Some((_, every)) = self.refreshed.get_mut(&pid) {
+                *every = if helped {
+                    REFRESH_MIN
+                } else {
+                    (*every * 2).min(REFRESH_MAX)
+                };
+            }
+        }
+        let (mut frames, end, reach) = walked;
+        self.account(pid, &mut frames, end);
+        let end = end_of(&frames);
+        (frames, end, reach)
+    }
+
+    fn stopped_in_unknown_code(&self, pid: u32, frames: &[u64]) -> bool {
+        frames.last().is_some_and(|&a| {
+            let lookup = if frames.len() == 1 { a } else { a.wrapping_sub(1) };
+            self.module_of(pid, lookup).is_none()
+        })
+    }
+
+    /// Reads `pid`'s memory map again and syncs its modules, unless the
+    /// last read was too recent (see [`Self::unwind`]). Returns whether it
+    /// was read.
+    fn refresh(&mut self, pid: u32) -> bool {
+        let now = Instant::now();
+        if let Some((last, every)) = self.refreshed.get(&pid) {
+            if now.duration_since(*last) < *every {
+                return false;
+            }
+        }
+        if self.refreshed.len() >= 4096 {
+            self.refreshed.clear();
+        }
+        let every = self.refreshed.get(&pid).map_or(REFRESH_MIN, |(_, e)| *e);
+        self.refreshed.insert(pid, (now, every));
+        match ProcessMaps::read(pid) {
+            Ok(maps) => {
+                self.sync(pid, &maps);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The frames of one stack and why the walk ended (before accounting).
+    fn walk(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End, u64) {
         let mut reach = sp;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
@@ -552,6 +624,12 @@ impl Unwinder {
                 End::NoUnwindInfo
             }
         };
+        (frames, end, reach)
+    }
+
+    /// Counts a walked stack in the statistics, and ends it with the
+    /// marker that says why it ended.
+    fn account(&mut self, pid: u32, frames: &mut Vec<u64>, end: End) {
         // Attribute frames to modules; a stack that stopped in a module
         // without usable CFI stopped for want of unwind information.
         let mut last_usable = true;
@@ -603,7 +681,6 @@ impl Unwinder {
                 frames.push(marker::UNWIND_ERROR);
             }
         }
-        (frames, end, reach)
     }
 
     /// The statistics index of the module holding `addr` in `pid`, and
@@ -613,6 +690,17 @@ impl Unwinder {
         let i = p.ranges.partition_point(|r| r.range.start <= addr);
         let r = p.ranges.get(i.checked_sub(1)?)?;
         (addr < r.range.end).then_some((r.stats, r.cfi))
+    }
+}
+
+/// Why an accounted stack ended, from its final marker.
+fn end_of(frames: &[u64]) -> End {
+    match frames.last() {
+        Some(&marker::TRUNCATED) => End::Truncated,
+        Some(&marker::STACK_COPY_END) => End::StackCopyEnd,
+        Some(&marker::NO_UNWIND_INFO) => End::NoUnwindInfo,
+        Some(&marker::UNWIND_ERROR) => End::Error,
+        _ => End::Complete,
     }
 }
 

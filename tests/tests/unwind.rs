@@ -365,3 +365,168 @@ fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_purge_through_jemalloc_without_frame_pointers_names_jemalloc_and_the_dropping_function() {
+    let Some(_k) = kernel_with(&["syscalls:sys_enter_madvise", "raw_syscalls:sys_exit"]) else {
+        return;
+    };
+    // stall-alloc as built in target/nofp: our code and tikv-jemallocator's
+    // jemalloc (gcc -O2) without frame pointers.
+    let dir = scratch("unwind-purge");
+    let out = dir.join("out");
+    let bin = without_frame_pointers("stall-alloc");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--slot-source",
+        "clock=400ms",
+        "--",
+        bin.to_str().unwrap(),
+        "--slots",
+        "6",
+    ]);
+    assert!(o.status.success());
+    let f = findings(&out, "SyncAllocatorPurge");
+    assert!(f.len() >= 4, "{} findings for 6 slots", f.len());
+    // Every finding's stack names jemalloc's frames and reaches the
+    // program's main; most purges come from dropping the bank (drop_bank),
+    // some from jemalloc's decay running inside a later allocation.
+    let stacks: Vec<Vec<&str>> = f
+        .iter()
+        .map(|x| {
+            x["stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|s| s.as_str())
+                .collect()
+        })
+        .collect();
+    let jemalloc = |st: &[&str]| {
+        st.iter()
+            .any(|s| s.contains("je_") || s.contains("extent_") || s.contains("pages_purge"))
+    };
+    let whole = stacks
+        .iter()
+        .filter(|st| {
+            jemalloc(st)
+                && holds_chain(st, &["stall_alloc::main"])
+                && !st.iter().any(|s| STOPPED_EARLY.iter().any(|m| s.starts_with(m)))
+        })
+        .count();
+    let dropping = stacks.iter().filter(|st| holds_chain(st, &["drop_bank"])).count();
+    eprintln!(
+        "purge through jemalloc without frame pointers: {} findings, {whole} name jemalloc's frames from \
+         stall_alloc::main, {dropping} name drop_bank",
+        f.len()
+    );
+    for x in &f {
+        assert_eq!(x["magnitudes"]["allocator_frames"], 1.0, "{x}");
+    }
+    assert_eq!(whole, f.len(), "{:?}", stacks);
+    assert!(dropping * 2 >= f.len(), "{:?}", stacks);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `bin` (a copy of stall-deep) under `slotprof record` for 2 s;
+/// returns the output directory and slotprof's stderr.
+fn record_copy(dir: &Path, bin: &Path) -> (PathBuf, String) {
+    let out = dir.join("out");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "--seconds",
+        "2",
+    ]);
+    assert!(o.status.success());
+    (out, String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// A copy of the no-frame-pointer stall-deep changed by `objcopy args`;
+/// `None` after printing SKIPPED when objcopy is missing.
+fn objcopy_of_stall_deep(dir: &Path, name: &str, args: &[&str]) -> Option<PathBuf> {
+    let bin = dir.join(name);
+    std::fs::copy(without_frame_pointers("stall-deep"), &bin).unwrap();
+    let ok = Command::new("objcopy").args(args).arg(&bin).status();
+    if !ok.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: objcopy is missing or failed (binutils)");
+        return None;
+    }
+    Some(bin)
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_stripped_binary_still_unwinds_and_a_corrupt_eh_frame_falls_back_said_once() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("unwind-strip");
+    // strip keeps .eh_frame (it is needed at run time): whole stacks, no
+    // names but module+offset.
+    let Some(stripped) = objcopy_of_stall_deep(&dir, "stripped", &["--strip-all"]) else {
+        return;
+    };
+    let (out, _) = record_copy(&dir, &stripped);
+    let oncpu = read_folded(&out.join("oncpu.folded"));
+    let (mut deep, mut all) = (0u64, 0u64);
+    for (stack, w) in oncpu.iter().filter(|(s, _)| s.starts_with("hot;")) {
+        all += w;
+        let user = stack.split(';').filter(|f| !f.ends_with("_[k]")).count();
+        if user >= 8 && !STOPPED_EARLY.iter().any(|m| stack.contains(m)) {
+            deep += w;
+        }
+    }
+    let s = read_json(&out.join("summary.json"));
+    eprintln!(
+        "stripped: {deep} of {all} hot samples whole with >= 7 user frames; {}",
+        unwinding_of(&s, "stripped")
+    );
+    assert!(all >= 50 && deep * 100 >= all * 95, "{deep} of {all}");
+    assert_eq!(unwinding_of(&s, "stripped")["unwinding"], "cfi");
+
+    // .eh_frame overwritten with garbage (its index left as it was): the
+    // module falls back to frame pointers, and says so once.
+    let garbage = dir.join("garbage");
+    let size = section_size(&stripped, ".eh_frame");
+    std::fs::write(&garbage, vec![0xa5u8; size]).unwrap();
+    let update = format!(".eh_frame={}", garbage.display());
+    let Some(corrupt) = objcopy_of_stall_deep(&dir, "corrupt", &["--update-section", &update]) else {
+        return;
+    };
+    let (out, stderr) = record_copy(&dir, &corrupt);
+    let s = read_json(&out.join("summary.json"));
+    let m = unwinding_of(&s, "corrupt");
+    eprintln!("corrupt .eh_frame: {m}");
+    assert_eq!(
+        m["unwinding"], "frame pointers (corrupt CFI)",
+        "{}",
+        s["unwinding"]
+    );
+    assert_eq!(stderr.matches("is corrupt").count(), 1, "{stderr}");
+    // The other modules still unwind with their CFI.
+    assert_eq!(unwinding_of(&s, "libc.so.6")["unwinding"], "cfi");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The size of a section of an ELF file, from readelf.
+fn section_size(bin: &Path, name: &str) -> usize {
+    let out = Command::new("readelf")
+        .arg("-SW")
+        .arg(bin)
+        .output()
+        .expect("readelf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().any(|w| w == name))
+        .unwrap_or_else(|| panic!("no {name} in {}", bin.display()));
+    // [Nr] Name Type Address Off Size ...
+    let after = line.split(']').nth(1).unwrap();
+    let size = after.split_whitespace().nth(4).unwrap();
+    usize::from_str_radix(size, 16).unwrap()
+}

@@ -579,7 +579,7 @@ async fn follow(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
+                drain(guard.get_inner_mut(), &mut pending, &slot_log, &mut stacks.user);
                 guard.clear_ready();
             }
             e = signals.next() => match e {
@@ -604,7 +604,7 @@ async fn follow(
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
                 }
-                drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
+                drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user);
                 stacks.user.expire(&mut |e| pending.push(&slot_log, e));
                 probes.set_stack_tops(&stacks.user.take_stack_tops());
                 let now = monotonic_ns();
@@ -623,7 +623,7 @@ async fn follow(
     };
     // What ended before now is written; the slot in progress is not (it
     // would be a partial slot).
-    drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user, &sym);
+    drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user);
     stacks.user.flush(&mut |e| pending.push(&slot_log, e));
     let now = monotonic_ns() + GRACE_NS;
     let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
@@ -705,11 +705,10 @@ fn drain(
     pending: &mut Pending,
     slot_log: &SharedSlotLog,
     user: &mut crate::user_stacks::UserStacks,
-    sym: &Symbolizer,
 ) {
     user.begin_batch();
     while let Some(item) = ring.next() {
-        if user.feed(&item, sym, &mut |e| pending.push(slot_log, e)).is_err() {
+        if user.feed(&item, &mut |e| pending.push(slot_log, e)).is_err() {
             pending.malformed += 1;
         }
     }
@@ -752,7 +751,7 @@ impl Chunk<'_> {
             b,
             self.config.min_offcpu.as_nanos() as u64,
             &mut agg,
-            &mut |tid, start| stacks.user.of_sleeper(self.target.pid, tid, start, sym),
+            &mut |tid, start| stacks.user.of_sleeper(self.target.pid, tid, start),
         );
         let table = stacks.table(probes, agg.stack_ids());
         // Stacks of events still pending and of threads asleep now are
