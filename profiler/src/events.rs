@@ -92,6 +92,13 @@ pub fn comm_str(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+/// A record's bytes as the kernel writes them (for tests).
+#[cfg(test)]
+pub(crate) fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: plain-data repr(C) records, read as bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,11 +115,6 @@ mod tests {
         }
         // Epochs wrap: the one after the last is 0 again.
         assert_eq!(stack_id_with_epoch(5, STACK_EPOCH_MASK + 1), 5);
-    }
-
-    fn bytes_of<T>(v: &T) -> Vec<u8> {
-        let p = v as *const T as *const u8;
-        unsafe { std::slice::from_raw_parts(p, std::mem::size_of::<T>()) }.to_vec()
     }
 
     #[test]

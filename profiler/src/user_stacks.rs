@@ -445,10 +445,6 @@ mod tests {
     use super::*;
     use profiler_ebpf::{CpuSample, OffCpuInterval, COMM_LEN};
 
-    fn raw<T>(v: &T) -> Vec<u8> {
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
-    }
-
     fn stack_rec(tid: u32, why: u32, start_ns: u64, bytes: &[u8]) -> Vec<u8> {
         let h = UserStackHeader {
             kind: EventKind::UserStack as u32,
@@ -463,13 +459,13 @@ mod tests {
             why,
             start_ns,
         };
-        let mut v = raw(&h);
+        let mut v = crate::events::bytes_of(&h);
         v.extend_from_slice(bytes);
         v
     }
 
     fn offcpu(tid: u32, start: u64, user: i32) -> Vec<u8> {
-        raw(&OffCpuInterval {
+        crate::events::bytes_of(&OffCpuInterval {
             kind: EventKind::OffCpu as u32,
             cpu: 0,
             start_ns: start,
@@ -579,7 +575,7 @@ mod tests {
                 kernel_stack_id: -14,
                 comm: [0; COMM_LEN],
             };
-            u.feed(&raw(&s), &mut |e| out.push(e)).unwrap();
+            u.feed(&crate::events::bytes_of(&s), &mut |e| out.push(e)).unwrap();
             u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &mut |e| {
                 out.push(e)
             })
