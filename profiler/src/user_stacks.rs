@@ -575,7 +575,8 @@ mod tests {
                 kernel_stack_id: -14,
                 comm: [0; COMM_LEN],
             };
-            u.feed(&crate::events::bytes_of(&s), &mut |e| out.push(e)).unwrap();
+            u.feed(&crate::events::bytes_of(&s), &mut |e| out.push(e))
+                .unwrap();
             u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &mut |e| {
                 out.push(e)
             })
