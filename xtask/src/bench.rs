@@ -973,7 +973,7 @@ fn rate_between(series: &[(u64, u64)], from: u64, to: u64) -> Option<f64> {
 }
 
 /// What a profiler costs a CPU-bound PoH loop while it is attached:
-/// nothing, `slotprof attach` (all probes, 99 Hz), `perf record -g -F 99`.
+/// nothing, `slotprof attach` (all probes, 99 Hz), `perf record --call-graph dwarf -F 99` (both take whole user stacks of a binary without frame pointers).
 fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     /// How long each tool is attached; the loop runs 2.5 s longer.
     const ATTACH_S: u64 = 20;
@@ -984,7 +984,7 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let perf = perf_binary(root);
     let mut variants = vec!["alone", "slotprof attach -F 99 (all probes)"];
     if perf.is_some() {
-        variants.push("perf record -g -F 99 -p PID");
+        variants.push("perf record --call-graph dwarf -F 99 -p PID");
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let report = scratch.join("poh-attach.json");
@@ -1015,7 +1015,7 @@ fn overhead_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
                 ),
                 _ => Some(
                     Command::new(perf.as_ref().unwrap())
-                        .args(["record", "-g", "-F", "99", "-p", &pid, "-o"])
+                        .args(["record", "--call-graph", "dwarf", "-F", "99", "-p", &pid, "-o"])
                         .arg(scratch.join("perf.data"))
                         .args(["--", "sleep", &duration])
                         .stdout(std::process::Stdio::null())
