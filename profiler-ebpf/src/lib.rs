@@ -309,7 +309,9 @@ pub struct FutexWait {
     pub waker_comm: [u8; COMM_LEN],
 }
 
-/// Per-thread state while a target thread is inside futex(2).
+/// Per-thread state while a target thread is inside futex(2). The entry
+/// stays between calls (rewritten in place: no map insert and delete per
+/// call); `start_ns` 0 means not in a futex wait.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FutexStart {
@@ -317,14 +319,6 @@ pub struct FutexStart {
     pub uaddr: u64,
     pub op: u32,
     pub _pad: u32,
-}
-
-/// A user stack to copy at the thread's next system call exit: the stack
-/// pointer it must still have (else it came back another way).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PendingUserStack {
-    pub user_sp: u64,
 }
 
 /// Who last woke a thread (kept from switch-in to its next syscall exit).
@@ -427,10 +421,14 @@ pub struct OffCpuInterval {
     pub woken_ns: u64,
 }
 
-/// Per-thread state kept while a thread of the target is off-CPU.
+/// Per-thread state of a thread of the target, about its off-CPU
+/// intervals. The entry stays for the thread's life and is rewritten in
+/// place: a switch costs map lookups, not an insert and a delete (each
+/// takes a lock and an LRU node). `start_ns` 0 means on a CPU now.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct OffCpuStart {
+    /// When the current interval began; 0 while the thread runs.
     pub start_ns: u64,
     /// The user registers at the switch-out: the deferred copy checks the
     /// stack pointer is unchanged at the system call's exit, and a thread
@@ -449,6 +447,14 @@ pub struct OffCpuStart {
     pub waker_user_stack_id: i32,
     pub waker_comm: [u8; COMM_LEN],
     pub woken_ns: u64,
+    /// A user stack to copy at the thread's next system call exit: the
+    /// stack pointer it must still have then (else it came back another
+    /// way); 0: none.
+    pub pending_sp: u64,
+    /// The waker of the last interval, kept from its switch-in to the
+    /// system call's exit (the futex probe reads it there); `tid` 0: none.
+    pub last_waker: LastWaker,
+    pub last_woken_ns: u64,
 }
 
 impl OffCpuStart {

@@ -391,6 +391,7 @@ impl Probes {
         starts
             .iter()
             .filter_map(Result::ok)
+            .filter(|(_, s)| s.0.start_ns != 0) // entries of threads on a CPU
             .map(|(tid, s)| (tid, s.0))
             .collect()
     }

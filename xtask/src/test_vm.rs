@@ -81,6 +81,12 @@ const KERNEL_TROUBLE: &[&str] = &[
     "general protection fault",
 ];
 
+/// How long a VM runs on after the kernel reported trouble (its traces
+/// and the other CPUs' reports follow), and how many of those lines are
+/// echoed to the terminal.
+const TROUBLE_GRACE: Duration = Duration::from_secs(60);
+const TROUBLE_ECHO_LINES: usize = 120;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Outcome {
     Pass,
@@ -636,6 +642,9 @@ mount -t debugfs nodev /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 ip link set lo up
 ulimit -l unlimited
+# A lockup reports every CPU's stack, not only the one that noticed.
+echo 1 > /proc/sys/kernel/softlockup_all_cpu_backtrace 2>/dev/null
+echo 1 > /proc/sys/kernel/softlockup_panic 2>/dev/null || true
 echo "SLOTPROF-VM-BEGIN $(uname -r)"
 for c in /sys/devices/system/cpu/cpu[0-9]*; do
   echo "SLOTPROF-VM-L3 ${c##*/} $(cat $c/cache/index3/shared_cpu_list 2>/dev/null || echo none)"
@@ -729,9 +738,20 @@ fn boot(
     let mut results = BTreeMap::new();
     let mut current: Option<(String, String, Vec<String>)> = None;
     let mut trouble = None;
+    // After the first trouble line: until when to keep reading (the
+    // kernel's traces follow it), and how many more lines to echo.
+    let mut trouble_until: Option<Instant> = None;
+    let mut echo_left = 0usize;
     let mut began = false;
     let mut ended = false;
     loop {
+        if trouble_until.is_some_and(|t| Instant::now() >= t) {
+            eprintln!(
+                "xtask: [{line}] VM stopped {} s after the kernel's first trouble report",
+                TROUBLE_GRACE.as_secs()
+            );
+            break;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             trouble.get_or_insert_with(|| format!("time limit of {} s", VM_TIME_LIMIT.as_secs()));
@@ -746,7 +766,16 @@ fn boot(
         let _ = writeln!(log, "{l}");
         if let Some(t) = KERNEL_TROUBLE.iter().find(|t| l.contains(*t)) {
             eprintln!("xtask: [{line}] {l}");
-            trouble.get_or_insert_with(|| format!("kernel trouble on the console: {t}"));
+            if trouble.is_none() {
+                trouble = Some(format!("kernel trouble on the console: {t}"));
+                // The report's registers and call traces, for CI's log:
+                // that is all a failed run leaves behind.
+                echo_left = TROUBLE_ECHO_LINES;
+                trouble_until = Some(Instant::now() + TROUBLE_GRACE);
+            }
+        } else if echo_left > 0 {
+            echo_left -= 1;
+            eprintln!("xtask: [{line}] | {l}");
         }
         // The BIOS leaves no newline before the kernel's first output.
         if let Some(rest) = l.find("SLOTPROF-VM-BEGIN ").map(|i| &l[i + 18..]) {

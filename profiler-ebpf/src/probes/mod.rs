@@ -14,8 +14,8 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use profiler_ebpf::{
-    counter, FutexStart, FutexTotals, LastWaker, MadviseStart, OffCpuStart, TracepointOffsets,
-    FUTEX_ADDR_ENTRIES, OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
+    counter, FutexStart, FutexTotals, MadviseStart, OffCpuStart, TracepointOffsets, FUTEX_ADDR_ENTRIES,
+    OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
 };
 
 // Settings written by userspace before load (`EbpfLoader::set_global`).
@@ -108,7 +108,7 @@ static STACKS_ODD: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 
 #[map]
 static STACK_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Threads of the target that are off-CPU right now, by tid.
+/// Threads of the target, by tid: their off-CPU state (see `OffCpuStart`).
 #[map]
 static OFFCPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
@@ -148,10 +148,6 @@ static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entri
 /// Target threads inside futex(2), by tid.
 #[map]
 static FUTEX_START: LruHashMap<u32, FutexStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
-
-/// Who last woke each target thread.
-#[map]
-static LAST_WAKER: LruHashMap<u32, LastWaker> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// User page faults per target thread (read by the loop uprobe).
 #[map]

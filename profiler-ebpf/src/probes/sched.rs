@@ -17,8 +17,8 @@ use profiler_ebpf::{
 use super::{
     count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
     offsets, stack_id, submit_flags,
-    user_stack::{defer_user_stack, send_user_stack, user_regs_now},
-    BPF_F_USER_STACK, EVENTS, FUTEX_START, LAST_WAKER, OFFCPU_START,
+    user_stack::{send_user_stack, user_regs_now},
+    BPF_F_USER_STACK, EVENTS, FUTEX_START, OFFCPU_START,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -47,8 +47,11 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         if prev_pid > 0 {
             // Inside a futex wait (the futex probe saw it enter) the kernel
             // stack is always the syscall's wait path: not walked.
-            let in_futex_wait =
-                state as u32 == TASK_INTERRUPTIBLE && FUTEX_START.get_ptr(&(prev_pid as u32)).is_some();
+            let tid = prev_pid as u32;
+            let in_futex_wait = state as u32 == TASK_INTERRUPTIBLE
+                && FUTEX_START
+                    .get_ptr(&tid)
+                    .is_some_and(|f| unsafe { (*f).start_ns } != 0);
             let kernel_stack_id = if in_futex_wait {
                 KERNEL_STACK_FUTEX_WAIT
             } else {
@@ -69,25 +72,57 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
                 None => -14,
             };
             let (user_ip, user_sp, user_bp) = regs.map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
-            let start = OffCpuStart {
-                start_ns: now,
-                user_ip,
-                user_sp,
-                user_bp,
-                user_stack_id,
-                kernel_stack_id,
-                state: state as u32,
-                waker_tid: 0,
-                waker_tgid: 0,
-                tgid,
-                waker_kernel_stack_id: -1,
-                waker_user_stack_id: -1,
-                woken_ns: 0,
-                waker_comm: [0; COMM_LEN],
-            };
-            hint_target_tid(prev_pid as u32);
-            if OFFCPU_START.insert(&(prev_pid as u32), &start, 0).is_err() {
-                count(counter::OFFCPU_START_LOST);
+            match OFFCPU_START.get_ptr_mut(&tid) {
+                // The thread's entry from its earlier intervals: rewritten
+                // in place, field by field (its deferred stack and last
+                // waker stay for the system call exit that reads them).
+                Some(p) => unsafe {
+                    (*p).user_ip = user_ip;
+                    (*p).user_sp = user_sp;
+                    (*p).user_bp = user_bp;
+                    (*p).user_stack_id = user_stack_id;
+                    (*p).kernel_stack_id = kernel_stack_id;
+                    (*p).state = state as u32;
+                    (*p).waker_tid = 0;
+                    (*p).waker_tgid = 0;
+                    (*p).tgid = tgid;
+                    (*p).waker_kernel_stack_id = -1;
+                    (*p).waker_user_stack_id = -1;
+                    (*p).woken_ns = 0;
+                    // Last: a wakeup on another CPU looks at this first.
+                    (*p).start_ns = now;
+                },
+                None => {
+                    let start = OffCpuStart {
+                        start_ns: now,
+                        user_ip,
+                        user_sp,
+                        user_bp,
+                        user_stack_id,
+                        kernel_stack_id,
+                        state: state as u32,
+                        waker_tid: 0,
+                        waker_tgid: 0,
+                        tgid,
+                        waker_kernel_stack_id: -1,
+                        waker_user_stack_id: -1,
+                        woken_ns: 0,
+                        waker_comm: [0; COMM_LEN],
+                        pending_sp: 0,
+                        last_waker: LastWaker {
+                            tid: 0,
+                            user_stack_id: -1,
+                            kernel_stack_id: -1,
+                            _pad: 0,
+                            comm: [0; COMM_LEN],
+                        },
+                        last_woken_ns: 0,
+                    };
+                    hint_target_tid(tid);
+                    if OFFCPU_START.insert(&tid, &start, 0).is_err() {
+                        count(counter::OFFCPU_START_LOST);
+                    }
+                }
             }
         }
     }
@@ -101,30 +136,36 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     if !maybe_offcpu_target(tid) {
         return 0;
     }
-    let Some(start) = OFFCPU_START.get_ptr(&tid) else {
+    let Some(p) = OFFCPU_START.get_ptr_mut(&tid) else {
         return 0;
     };
+    let start = unsafe { *p };
+    if start.start_ns == 0 {
+        return 0; // not seen leaving (it was already off-CPU at attach)
+    }
     if now == 0 {
         now = unsafe { bpf_ktime_get_ns() };
     }
-    let start = unsafe { *start };
-    let _ = OFFCPU_START.remove(&tid);
+    unsafe { (*p).start_ns = 0 };
     if start.waker_tid != 0 {
         // For the futex probe: who ended this thread's wait.
-        let waker = LastWaker {
-            tid: start.waker_tid,
-            user_stack_id: start.waker_user_stack_id,
-            kernel_stack_id: start.waker_kernel_stack_id,
-            _pad: 0,
-            comm: start.waker_comm,
-        };
-        let _ = LAST_WAKER.insert(&tid, &waker, 0);
+        unsafe {
+            (*p).last_waker = LastWaker {
+                tid: start.waker_tid,
+                user_stack_id: start.waker_user_stack_id,
+                kernel_stack_id: start.waker_kernel_stack_id,
+                _pad: 0,
+                comm: start.waker_comm,
+            };
+            (*p).last_woken_ns = start.woken_ns;
+        }
     }
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
     if start.user_stack_id == USER_STACK_NEXT {
-        defer_user_stack(tid, start.user_sp);
+        // Copied at this system call's exit (user_stack.rs).
+        unsafe { (*p).pending_sp = start.user_sp };
     }
     let Some(mut entry) = EVENTS.reserve::<OffCpuInterval>(0) else {
         count(counter::RING_FULL);
@@ -166,6 +207,9 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     let Some(start) = OFFCPU_START.get_ptr_mut(&(pid as u32)) else {
         return 0;
     };
+    if unsafe { (*start).start_ns } == 0 {
+        return 0; // on a CPU (or about to leave it): no interval to end
+    }
     // `current` is the waker when the wakeup comes from a task; in a timer
     // or device interrupt it is whoever was interrupted. The kernel stack
     // tells which (userspace reads it only for the intervals it reports).

@@ -26,7 +26,7 @@ use profiler_ebpf::{
 use super::{
     count, count_lost_stacks, is_target, min_futex_ns, offsets, submit_flags,
     user_stack::{send_stack_at_syscall_exit, take_pending_user_stack},
-    EVENTS, FUTEX_SHORT, FUTEX_START, LAST_WAKER, MADVISE_START,
+    EVENTS, FUTEX_SHORT, FUTEX_START, MADVISE_START, OFFCPU_START,
 };
 
 /// x86-64 system call numbers.
@@ -125,8 +125,14 @@ pub fn slotprof_futex_enter(ctx: TracePointContext) -> u32 {
         op,
         _pad: 0,
     };
-    if FUTEX_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
-        count(counter::SYSCALL_START_LOST);
+    // The thread's entry stays between calls: rewritten in place.
+    match FUTEX_START.get_ptr_mut(&(pid_tgid as u32)) {
+        Some(p) => unsafe { *p = start },
+        None => {
+            if FUTEX_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
+                count(counter::SYSCALL_START_LOST);
+            }
+        }
     }
     0
 }
@@ -134,11 +140,14 @@ pub fn slotprof_futex_enter(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
     let tid = pid_tgid as u32;
-    let Some(start) = FUTEX_START.get_ptr(&tid) else {
+    let Some(p) = FUTEX_START.get_ptr_mut(&tid) else {
         return false;
     };
-    let start = unsafe { *start };
-    let _ = FUTEX_START.remove(&tid);
+    let start = unsafe { *p };
+    if start.start_ns == 0 {
+        return false; // not a wait we saw begin
+    }
+    unsafe { (*p).start_ns = 0 };
     let now = unsafe { bpf_ktime_get_ns() };
     let waited = now.saturating_sub(start.start_ns);
     if waited < min_futex_ns() {
@@ -158,8 +167,17 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         }
         return false;
     }
-    let waker = LAST_WAKER.get_ptr(&tid).map(|w| unsafe { *w });
-    let _ = LAST_WAKER.remove(&tid);
+    // Who woke it: the waker of its last off-CPU interval, if that
+    // wakeup came during this wait.
+    let mut waker = None;
+    if let Some(o) = OFFCPU_START.get_ptr_mut(&tid) {
+        unsafe {
+            if (*o).last_waker.tid != 0 && (*o).last_woken_ns >= start.start_ns {
+                waker = Some((*o).last_waker);
+            }
+            (*o).last_waker.tid = 0;
+        }
+    }
     let Some(mut entry) = EVENTS.reserve::<FutexWait>(0) else {
         count(counter::RING_FULL);
         return false;

@@ -21,11 +21,11 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
 };
 use profiler_ebpf::{
-    counter, reg, stack_for, EventKind, PendingUserStack, UserStackHeader, UserStackRecord,
-    OFFCPU_MAP_ENTRIES, PT_REGS_WORDS, USER_STACK_BYTES,
+    counter, reg, stack_for, EventKind, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES, PT_REGS_WORDS,
+    USER_STACK_BYTES,
 };
 
-use super::{count, submit_flags, EVENTS};
+use super::{count, submit_flags, EVENTS, OFFCPU_START};
 
 /// Where a record is built (16 KiB: too big for the BPF stack).
 #[map]
@@ -35,11 +35,6 @@ static USER_STACK_SCRATCH: PerCpuArray<UserStackRecord> = PerCpuArray::with_max_
 /// complete unwind): copies stop there.
 #[map]
 static USER_STACK_TOP: LruHashMap<u32, u64> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
-
-/// Threads whose user stack is to be copied at their next system call exit.
-#[map]
-static PENDING_USER_STACK: LruHashMap<u32, PendingUserStack> =
-    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// The user registers of the current thread, as saved at its last entry to
 /// the kernel (system call, interrupt or exception).
@@ -170,22 +165,19 @@ pub fn send_no_stack(why: u32) {
     send_user_stack(&regs, why, 0);
 }
 
-/// Asks for `tid`'s user stack at its next system call exit, where its
-/// stack pointer must still be `user_sp`.
-#[inline(always)]
-pub fn defer_user_stack(tid: u32, user_sp: u64) {
-    let _ = PENDING_USER_STACK.insert(&tid, &PendingUserStack { user_sp }, 0);
-}
-
 /// Takes a deferred stack now if one is pending for the current thread
-/// (its system call is returning). Returns whether one was pending.
+/// (its system call is returning; `OffCpuStart::pending_sp`, set at the
+/// switch-in of a reported interval). Returns whether one was pending.
 #[inline(always)]
 pub fn take_pending_user_stack(tid: u32) -> bool {
-    let Some(p) = PENDING_USER_STACK.get_ptr(&tid) else {
+    let Some(p) = OFFCPU_START.get_ptr_mut(&tid) else {
         return false;
     };
-    let want_sp = unsafe { (*p).user_sp };
-    let _ = PENDING_USER_STACK.remove(&tid);
+    let want_sp = unsafe { (*p).pending_sp };
+    if want_sp == 0 {
+        return false;
+    }
+    unsafe { (*p).pending_sp = 0 };
     match user_regs_now() {
         Some(regs) if regs.sp == want_sp => {
             if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
@@ -205,7 +197,9 @@ pub fn take_pending_user_stack(tid: u32) -> bool {
 /// record and for a deferred interval of the same call if there is one.
 #[inline(always)]
 pub fn send_stack_at_syscall_exit(tid: u32) {
-    let _ = PENDING_USER_STACK.remove(&tid);
+    if let Some(p) = OFFCPU_START.get_ptr_mut(&tid) {
+        unsafe { (*p).pending_sp = 0 };
+    }
     match user_regs_now() {
         Some(regs) => {
             if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
