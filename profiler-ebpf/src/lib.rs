@@ -82,7 +82,42 @@ pub enum EventKind {
     Host = 8,
     /// [`UserStackHeader`] and the stack bytes after it.
     UserStack = 9,
+    /// [`KernelStackHeader`] and the addresses after it.
+    KernelStack = 10,
 }
+
+/// An off-CPU interval's kernel stack, walked at its switch-in (a sleeping
+/// task's kernel stack does not change until it runs, and only then is the
+/// interval known to be long enough to report): `len` bytes of addresses,
+/// leaf first, follow this header. The interval record that comes right
+/// after it, of the same thread and start, has kernel stack id
+/// [`KERNEL_STACK_INLINE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelStackHeader {
+    /// [`EventKind::KernelStack`].
+    pub kind: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub len: u32,
+    pub _pad: u32,
+}
+
+/// The per-CPU scratch space a kernel stack record is built in.
+#[repr(C)]
+pub struct KernelStackRecord {
+    pub header: KernelStackHeader,
+    pub ips: [u64; MAX_STACK_DEPTH],
+}
+
+/// Kernel stack id of an off-CPU interval whose kernel stack is the
+/// [`KernelStackHeader`] record just before it.
+pub const KERNEL_STACK_INLINE: i32 = -10_003;
+
+/// Kernel stack id of an off-CPU interval still open: its stack is walked
+/// at the switch-in (userspace reads a thread still asleep at the end from
+/// `/proc/PID/task/TID/stack`).
+pub const KERNEL_STACK_AT_SWITCH_IN: i32 = -10_004;
 
 /// Most bytes of user stack copied per stack (four pages; `perf
 /// --call-graph dwarf` copies 8 KiB by default). The copy starts at the
@@ -475,10 +510,10 @@ impl OffCpuStart {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracepointOffsets {
-    pub switch_prev_pid: u32,
-    pub switch_prev_state: u32,
-    pub switch_next_pid: u32,
-    pub switch_next_comm: u32,
+    /// Where `pid` and `comm` are in `struct task_struct` (from the
+    /// kernel's BTF): sched_switch reads them through its `next` pointer.
+    pub task_pid: u32,
+    pub task_comm: u32,
     pub waking_pid: u32,
     pub madvise_len: u32,
     pub madvise_behavior: u32,

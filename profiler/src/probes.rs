@@ -15,7 +15,7 @@ use aya::{
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachLocation, UProbeScope},
-        PerfEvent, TracePoint, UProbe,
+        BtfTracePoint, PerfEvent, TracePoint, UProbe,
     },
     util::online_cpus,
     Ebpf, EbpfLoader, Pod,
@@ -141,7 +141,7 @@ impl Probes {
 
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
-            attach_tracepoint(&mut ebpf, "slotprof_switch", &[("sched", "sched_switch")]),
+            attach_btf_tracepoint(&mut ebpf, "slotprof_switch", "sched", "sched_switch"),
             // sched_waking runs in the waker's context; sched_wakeup may run
             // on the target CPU from an IPI, where `current` is unrelated.
             attach_tracepoint(
@@ -439,15 +439,13 @@ fn open(tgid: u32, min_offcpu: Duration, rotating_stacks: bool) -> anyhow::Resul
 }
 
 fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {
-    let switch = tracefs::Format::read(tracefs, "sched", "sched_switch")?;
+    let (task_pid, task_comm) = crate::btf::task_offsets()?;
     let waking = tracefs::Format::read(tracefs, "sched", "sched_waking")
         .or_else(|_| tracefs::Format::read(tracefs, "sched", "sched_wakeup"))?;
     let unsupported = |e: anyhow::Error| e.context("unsupported sched tracepoint layout on this kernel");
     Ok(TracepointOffsets {
-        switch_prev_pid: switch.field("prev_pid", 4).map_err(unsupported)?.offset,
-        switch_prev_state: switch.field("prev_state", 8).map_err(unsupported)?.offset,
-        switch_next_pid: switch.field("next_pid", 4).map_err(unsupported)?.offset,
-        switch_next_comm: switch.field("next_comm", 16).map_err(unsupported)?.offset,
+        task_pid,
+        task_comm,
         waking_pid: waking.field("pid", 4).map_err(unsupported)?.offset,
         // Syscall and TLB layouts: a kernel without these tracepoints gets
         // the detectors' probes reported as not attached, not a failure.
@@ -550,6 +548,21 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str
     }
     let (event, err) = last.unwrap_or_else(|| (String::new(), anyhow::anyhow!("no tracepoint to attach to")));
     status(program, event, Err(err))
+}
+
+/// A BTF tracepoint (`tp_btf`): the program gets the tracepoint's own
+/// arguments (task pointers included), checked against the kernel's BTF.
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str, category: &str, name: &str) -> ProbeStatus {
+    let result = (|| -> anyhow::Result<()> {
+        let btf = aya::Btf::from_sys_fs().context(
+            "cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): slotprof needs CONFIG_DEBUG_INFO_BTF=y",
+        )?;
+        let prog: &mut BtfTracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
+        prog.load(name, &btf)?;
+        prog.attach()?;
+        Ok(())
+    })();
+    status(program, format!("{category}:{name}"), result)
 }
 
 fn attach_uprobe(

@@ -276,7 +276,7 @@ pub async fn run(
             let mut start = start;
             // Still asleep: no system call exit will copy its stack; it is
             // read from /proc while the thread is blocked.
-            start.user_stack_id = stacks.user.of_sleeper(target.pid, tid, &start);
+            (start.user_stack_id, start.kernel_stack_id) = stacks.user.of_sleeper(target.pid, tid, &start);
             agg.still_off_cpu(tid, &start, now, comm.trim_end());
         }
     }

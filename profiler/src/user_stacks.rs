@@ -19,8 +19,8 @@ use std::{
 };
 
 use profiler_ebpf::{
-    stack_for, EventKind, OffCpuStart, UserStackHeader, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE,
-    USER_STACK_NEXT,
+    stack_for, EventKind, KernelStackHeader, OffCpuStart, UserStackHeader, KERNEL_STACK_AT_SWITCH_IN,
+    KERNEL_STACK_INLINE, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
@@ -90,7 +90,10 @@ pub struct UserStacks {
     held_count: usize,
     switch_out: HashMap<u32, SwitchOutCopy>,
     /// tid -> (start of its open interval, its user stack read from /proc).
-    sleepers: HashMap<u32, (u64, i32)>,
+    sleepers: HashMap<u32, (u64, (i32, i32))>,
+    /// tid -> (start of the interval, kernel stack walked at its switch-in).
+    kernel_inline: HashMap<u32, (u64, Vec<u64>)>,
+    kallsyms: SleeperKernelStacks,
     /// tid -> where its outermost frame ends (see `unwind_copy`).
     tops: HashMap<u32, u64>,
     new_tops: Vec<(u32, Option<u64>)>,
@@ -109,6 +112,8 @@ impl Default for UserStacks {
             held_count: 0,
             switch_out: HashMap::new(),
             sleepers: HashMap::new(),
+            kernel_inline: HashMap::new(),
+            kallsyms: SleeperKernelStacks::default(),
             tops: HashMap::new(),
             new_tops: Vec::new(),
             sources: StackSources::default(),
@@ -164,7 +169,19 @@ impl UserStacks {
         if kind == Some(EventKind::UserStack as u32) {
             return self.stack_record(bytes, out);
         }
+        if kind == Some(EventKind::KernelStack as u32) {
+            return self.kernel_stack_record(bytes);
+        }
         let mut event = events::decode(bytes).ok_or(Malformed)?;
+        if let Event::OffCpu(o) = &mut event {
+            if o.kernel_stack_id == KERNEL_STACK_INLINE {
+                o.kernel_stack_id = match self.kernel_inline.remove(&o.tid) {
+                    Some((start, frames)) if start == o.start_ns => self.intern(frames),
+                    // Its record did not come (the ring was full): lost.
+                    _ => -12,
+                };
+            }
+        }
         let tid = tid_of(&event);
         let Some(id) = user_stack_id_mut(&mut event) else {
             out(event);
@@ -204,6 +221,36 @@ impl UserStacks {
             }
             _ => out(event),
         }
+        Ok(())
+    }
+
+    /// A kernel stack walked at a switch-in: kept for the interval record
+    /// right after it.
+    fn kernel_stack_record(&mut self, bytes: &[u8]) -> Result<(), Malformed> {
+        let hsize = std::mem::size_of::<KernelStackHeader>();
+        let Some(h) = bytes.get(..hsize) else {
+            self.sources.malformed += 1;
+            return Err(Malformed);
+        };
+        // SAFETY: plain-data repr(C) record, length checked, unaligned read.
+        let header: KernelStackHeader = unsafe { std::ptr::read_unaligned(h.as_ptr().cast()) };
+        let len = header.len as usize;
+        let Some(ips) = bytes
+            .get(hsize..hsize + len)
+            .filter(|_| len % 8 == 0 && len / 8 <= profiler_ebpf::MAX_STACK_DEPTH)
+        else {
+            self.sources.malformed += 1;
+            return Err(Malformed);
+        };
+        let frames: Vec<u64> = ips
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .filter(|&ip| ip != 0)
+            .collect();
+        if self.kernel_inline.len() >= 65_536 {
+            self.kernel_inline.clear();
+        }
+        self.kernel_inline.insert(header.tid, (header.start_ns, frames));
         Ok(())
     }
 
@@ -408,36 +455,135 @@ impl UserStacks {
         self.ids.is_empty()
     }
 
-    /// The user stack of a thread asleep now (an interval still open), read
-    /// once per interval from /proc/PID/mem with the registers the kernel
-    /// kept at its switch-out: no system call exit has copied it yet.
-    /// Keeps `start`'s id when the thread's memory cannot be read.
-    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart) -> i32 {
-        if start.user_stack_id >= 0 {
-            return start.user_stack_id;
-        }
-        if let Some(&(s, id)) = self.sleepers.get(&tid) {
+    /// The stacks of a thread still asleep (its interval is open): user
+    /// and kernel stack ids. Neither was taken by the kernel yet (they are
+    /// taken at the switch-in or the system call's exit): the user stack is
+    /// unwound from its registers (saved at the switch-out, or read from
+    /// `/proc/PID/task/TID/syscall`) and its memory, the kernel stack read
+    /// from `/proc/PID/task/TID/stack`. A blocked thread's stacks do not
+    /// change while it sleeps; both are read once per interval.
+    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart) -> (i32, i32) {
+        if let Some(&(s, ids)) = self.sleepers.get(&tid) {
             if s == start.start_ns {
-                return id;
+                return ids;
             }
         }
-        // Its registers as it left user space, its stack as it is now (a
-        // blocked thread's user stack does not change).
-        let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
-        let n = symbolizer::unwind::read_memory(pid, start.user_sp, &mut stack);
-        let id = if start.user_sp != 0 && n > 0 {
-            stack.truncate(n);
-            self.unwind(pid, start.user_ip, start.user_sp, start.user_bp, &stack)
-                .0
-        } else {
-            start.user_stack_id
-        };
+        let mut user = start.user_stack_id;
+        if user < 0 {
+            let (mut ip, mut sp, bp) = (start.user_ip, start.user_sp, start.user_bp);
+            if sp == 0 {
+                (ip, sp) = proc_syscall_regs(pid, tid).unwrap_or((0, 0));
+            }
+            // Its registers as it left user space, its stack as it is now.
+            let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
+            let n = if sp != 0 {
+                symbolizer::unwind::read_memory(pid, sp, &mut stack)
+            } else {
+                0
+            };
+            if n > 0 {
+                stack.truncate(n);
+                user = self.unwind(pid, ip, sp, bp, &stack).0;
+            }
+        }
+        let mut kernel = start.kernel_stack_id;
+        if kernel == KERNEL_STACK_AT_SWITCH_IN {
+            if let Some(frames) = self.kallsyms.sleeping_stack(pid, tid) {
+                kernel = self.intern(frames);
+            }
+        }
         if self.sleepers.len() >= 65_536 {
             self.sleepers.clear();
         }
-        self.sleepers.insert(tid, (start.start_ns, id));
-        id
+        self.sleepers.insert(tid, (start.start_ns, (user, kernel)));
+        (user, kernel)
     }
+}
+
+/// The user stack and instruction pointers of a thread blocked in a
+/// system call, from `/proc/PID/task/TID/syscall` ("nr args... sp pc").
+fn proc_syscall_regs(pid: u32, tid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    parse_proc_syscall(&text)
+}
+
+fn parse_proc_syscall(text: &str) -> Option<(u64, u64)> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    // "running", or "-1 sp pc" for a thread blocked outside a system call.
+    if words.len() != 9 || words[0].starts_with('-') {
+        return None;
+    }
+    let hex = |w: &str| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok();
+    Some((hex(words[8])?, hex(words[7])?))
+}
+
+/// Kernel stacks of sleeping threads from `/proc/PID/task/TID/stack`,
+/// which names frames (`func+0xoff/0xsize`) but hides addresses: names are
+/// turned back into addresses with `/proc/kallsyms`, read again only for
+/// names not seen yet (and at most every 10 s), keeping just those.
+#[derive(Default)]
+pub struct SleeperKernelStacks {
+    addrs: HashMap<String, u64>,
+    last_scan: Option<Instant>,
+}
+
+impl SleeperKernelStacks {
+    fn sleeping_stack(&mut self, pid: u32, tid: u32) -> Option<Vec<u64>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stack")).ok()?;
+        let frames = parse_proc_stack(&text);
+        if frames.is_empty() {
+            return None;
+        }
+        let missing: Vec<&str> = frames
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !self.addrs.contains_key(*n))
+            .collect();
+        if !missing.is_empty()
+            && self
+                .last_scan
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            self.last_scan = Some(Instant::now());
+            if let Ok(f) = std::fs::File::open("/proc/kallsyms") {
+                use std::io::BufRead;
+                let wanted: std::collections::HashSet<&str> = missing.into_iter().collect();
+                for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+                    let mut w = line.split_whitespace();
+                    let (Some(a), Some(_), Some(name)) = (w.next(), w.next(), w.next()) else {
+                        continue;
+                    };
+                    if wanted.contains(name) {
+                        if let Ok(a) = u64::from_str_radix(a, 16) {
+                            if a != 0 {
+                                self.addrs.entry(name.to_string()).or_insert(a);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let ips: Vec<u64> = frames
+            .iter()
+            .filter_map(|(n, off)| self.addrs.get(n).map(|a| a + off))
+            .collect();
+        (ips.len() == frames.len()).then_some(ips)
+    }
+}
+
+/// `[<0>] futex_wait_queue+0x60/0x90` lines: (name, offset), leaf first.
+fn parse_proc_stack(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let f = l.split_once("] ")?.1.split_whitespace().next()?;
+            let (name, rest) = f.split_once('+')?;
+            let off = rest.split_once('/')?.0;
+            Some((
+                name.to_string(),
+                u64::from_str_radix(off.strip_prefix("0x")?, 16).ok()?,
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -490,6 +636,82 @@ mod tests {
             Event::Sample(s) => s.user_stack_id,
             _ => 0,
         }
+    }
+
+    fn kernel_rec(tid: u32, start_ns: u64, ips: &[u64]) -> Vec<u8> {
+        let h = KernelStackHeader {
+            kind: EventKind::KernelStack as u32,
+            tid,
+            start_ns,
+            len: (ips.len() * 8) as u32,
+            _pad: 0,
+        };
+        let mut v = crate::events::bytes_of(&h);
+        ips.iter().for_each(|ip| v.extend_from_slice(&ip.to_ne_bytes()));
+        v
+    }
+
+    fn kernel_id(e: &Event) -> i32 {
+        match e {
+            Event::OffCpu(o) => o.kernel_stack_id,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_kernel_stack_walked_at_switch_in_goes_to_its_interval_only() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        let inline = |tid, start| {
+            let mut b = offcpu(tid, start, -14);
+            let off = std::mem::offset_of!(OffCpuInterval, kernel_stack_id);
+            b[off..off + 4].copy_from_slice(&KERNEL_STACK_INLINE.to_ne_bytes());
+            b
+        };
+        u.feed(
+            &kernel_rec(7, 100, &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]),
+            &mut |_| {},
+        )
+        .unwrap();
+        u.feed(&inline(7, 100), &mut |e| out.push(e)).unwrap();
+        let id = kernel_id(&out[0]);
+        assert!(is_unwound(id), "{id}");
+        assert_eq!(u.get(id).unwrap(), [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
+        // Used once: the next interval of that thread without its record
+        // (the ring was full) has a lost stack, as has one whose record
+        // was for another start.
+        u.feed(&inline(7, 200), &mut |e| out.push(e)).unwrap();
+        assert_eq!(kernel_id(&out[1]), -12);
+        u.feed(&kernel_rec(7, 300, &[1]), &mut |_| {}).unwrap();
+        u.feed(&inline(7, 301), &mut |e| out.push(e)).unwrap();
+        assert_eq!(kernel_id(&out[2]), -12);
+        // Bad records: too long, not whole addresses, truncated.
+        let mut long = kernel_rec(7, 1, &[1; 128]);
+        assert!(u.kernel_stack_record(&long).is_err());
+        long.truncate(std::mem::size_of::<KernelStackHeader>() + 3);
+        assert!(u.kernel_stack_record(&long).is_err());
+        let mut odd = kernel_rec(7, 1, &[1]);
+        odd[16..20].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(u.kernel_stack_record(&odd).is_err());
+        assert!(u.kernel_stack_record(&odd[..10]).is_err());
+    }
+
+    #[test]
+    fn proc_files_of_a_sleeping_thread_parse() {
+        assert_eq!(
+            parse_proc_syscall("202 0x7f1 0x80 0x0 0x0 0x0 0x0 0x7ffc0010 0x7f5500aa\n"),
+            Some((0x7f55_00aa, 0x7ffc_0010))
+        );
+        assert_eq!(parse_proc_syscall("running\n"), None);
+        assert_eq!(parse_proc_syscall("-1 0x7ffc0010 0x7f5500aa\n"), None);
+        assert_eq!(parse_proc_syscall("202 0xzz"), None);
+        assert_eq!(
+            parse_proc_stack("[<0>] futex_wait_queue+0x60/0x90\n[<0>] do_thing+0x1a/0x100 [kvm]\nbogus\n"),
+            [
+                ("futex_wait_queue".to_string(), 0x60),
+                ("do_thing".to_string(), 0x1a)
+            ]
+        );
     }
 
     #[test]

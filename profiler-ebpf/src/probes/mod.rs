@@ -30,10 +30,8 @@ static MIN_OFFCPU_NS: u64 = 1_000_000;
 /// Where the tracepoint fields are on this kernel.
 #[no_mangle]
 static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
-    switch_prev_pid: 24,
-    switch_prev_state: 32,
-    switch_next_pid: 56,
-    switch_next_comm: 40,
+    task_pid: 0,
+    task_comm: 0,
     waking_pid: 24,
     madvise_len: 24,
     madvise_behavior: 32,

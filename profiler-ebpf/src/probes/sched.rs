@@ -5,19 +5,25 @@
 //! another, and a per-CPU key would pair unrelated switches.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    bindings::task_struct,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, generated::bpf_get_task_stack,
+    },
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::PerCpuArray,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use profiler_ebpf::{
-    counter, stack_for, EventKind, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN, KERNEL_STACK_FUTEX_WAIT,
-    TASK_INTERRUPTIBLE, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
+    counter, stack_for, EventKind, KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval,
+    OffCpuStart, COMM_LEN, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_FUTEX_WAIT, KERNEL_STACK_INLINE,
+    MAX_STACK_DEPTH, TASK_INTERRUPTIBLE, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
 };
 
 use super::{
     count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
     offsets, stack_id, submit_flags,
-    user_stack::{send_user_stack, user_regs_now},
+    user_stack::{send_user_stack, user_regs_now, user_regs_of},
     BPF_F_USER_STACK, EVENTS, FUTEX_START, OFFCPU_START,
 };
 
@@ -30,10 +36,15 @@ fn waker_stack_min_ns() -> u64 {
     (if a < b { a } else { b }) / 2
 }
 
-#[tracepoint]
-pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-
+/// sched_switch as a BTF tracepoint: its arguments are the kernel's own
+/// (`preempt`, `prev`, `next`, `prev_state`), read straight from the
+/// context, and `next` is a task pointer the stack and register helpers
+/// take. What an interval needs from the sleeping thread (its kernel
+/// stack, its user registers) is read at its switch-in, only once it is
+/// known to be long enough to report: a switch whose interval is short
+/// costs two map lookups and a few stores.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     // Switch-out: `current` is still the previous task.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -42,93 +53,15 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     let mut now = 0;
     if is_target(tgid) {
         now = unsafe { bpf_ktime_get_ns() };
-        let prev_pid: i32 = unsafe { ctx.read_at(off.switch_prev_pid as usize) }.unwrap_or(0);
-        let state: i64 = unsafe { ctx.read_at(off.switch_prev_state as usize) }.unwrap_or(0);
-        if prev_pid > 0 {
-            // Inside a futex wait (the futex probe saw it enter) the kernel
-            // stack is always the syscall's wait path: not walked.
-            let tid = prev_pid as u32;
-            let in_futex_wait = state as u32 == TASK_INTERRUPTIBLE
-                && FUTEX_START
-                    .get_ptr(&tid)
-                    .is_some_and(|f| unsafe { (*f).start_ns } != 0);
-            let kernel_stack_id = if in_futex_wait {
-                KERNEL_STACK_FUTEX_WAIT
-            } else {
-                stack_id(&ctx, 0)
-            };
-            // The user stack: copied at the system call's exit if this
-            // interval is reported (deferred, see user_stack.rs), or now
-            // when the thread left outside a system call.
-            let regs = user_regs_now();
-            let user_stack_id = match &regs {
-                Some(r) if r.in_syscall => USER_STACK_NEXT,
-                Some(r) => {
-                    if send_user_stack(r, stack_for::SWITCH_OUT, now) {
-                        count(counter::USER_STACKS_AT_SWITCH_OUT);
-                    }
-                    USER_STACK_AT_SWITCH_OUT
-                }
-                None => -14,
-            };
-            let (user_ip, user_sp, user_bp) = regs.map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
-            match OFFCPU_START.get_ptr_mut(&tid) {
-                // The thread's entry from its earlier intervals: rewritten
-                // in place, field by field (its deferred stack and last
-                // waker stay for the system call exit that reads them).
-                Some(p) => unsafe {
-                    (*p).user_ip = user_ip;
-                    (*p).user_sp = user_sp;
-                    (*p).user_bp = user_bp;
-                    (*p).user_stack_id = user_stack_id;
-                    (*p).kernel_stack_id = kernel_stack_id;
-                    (*p).state = state as u32;
-                    (*p).waker_tid = 0;
-                    (*p).waker_tgid = 0;
-                    (*p).tgid = tgid;
-                    (*p).waker_kernel_stack_id = -1;
-                    (*p).waker_user_stack_id = -1;
-                    (*p).woken_ns = 0;
-                    // Last: a wakeup on another CPU looks at this first.
-                    (*p).start_ns = now;
-                },
-                None => {
-                    let start = OffCpuStart {
-                        start_ns: now,
-                        user_ip,
-                        user_sp,
-                        user_bp,
-                        user_stack_id,
-                        kernel_stack_id,
-                        state: state as u32,
-                        waker_tid: 0,
-                        waker_tgid: 0,
-                        tgid,
-                        waker_kernel_stack_id: -1,
-                        waker_user_stack_id: -1,
-                        woken_ns: 0,
-                        waker_comm: [0; COMM_LEN],
-                        pending_sp: 0,
-                        last_waker: LastWaker {
-                            tid: 0,
-                            user_stack_id: -1,
-                            kernel_stack_id: -1,
-                            _pad: 0,
-                            comm: [0; COMM_LEN],
-                        },
-                        last_woken_ns: 0,
-                    };
-                    hint_target_tid(tid);
-                    if OFFCPU_START.insert(&tid, &start, 0).is_err() {
-                        count(counter::OFFCPU_START_LOST);
-                    }
-                }
-            }
-        }
+        switch_out(&ctx, pid_tgid as u32, tgid, now);
     }
 
-    // Switch-in: only threads we saw leave are in the map.
-    let next_pid: i32 = unsafe { ctx.read_at(off.switch_next_pid as usize) }.unwrap_or(0);
+    // Switch-in: only threads we saw leave have an interval open.
+    let next: *mut task_struct = ctx.arg(2);
+    let off = offsets();
+    let next_pid: i32 =
+        unsafe { bpf_probe_read_kernel((next as *const u8).add(off.task_pid as usize) as *const i32) }
+            .unwrap_or(0);
     if next_pid <= 0 {
         return 0;
     }
@@ -163,15 +96,144 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
-    if start.user_stack_id == USER_STACK_NEXT {
-        // Copied at this system call's exit (user_stack.rs).
-        unsafe { (*p).pending_sp = start.user_sp };
+    switch_in_reported(next, p, tid, &start, now);
+    0
+}
+
+/// A thread of the target leaves its CPU at `now`: its entry records when
+/// and how. `prev_state` 0 (runnable: preempted, or yielded) is reported
+/// as state 0; blocked states as the kernel's `prev_state`.
+#[inline(always)]
+fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
+    let preempt: u64 = ctx.arg(0);
+    let prev_state: u64 = ctx.arg(3);
+    let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
+    let in_futex_wait = state == TASK_INTERRUPTIBLE
+        && FUTEX_START
+            .get_ptr(&tid)
+            .is_some_and(|f| unsafe { (*f).start_ns } != 0);
+    // Inside a futex wait the kernel stack is always the syscall's wait
+    // path: never walked. Otherwise it is walked at the switch-in if the
+    // interval is reported (the task's kernel stack stays as it is now).
+    let kernel_stack_id = if in_futex_wait {
+        KERNEL_STACK_FUTEX_WAIT
+    } else {
+        KERNEL_STACK_AT_SWITCH_IN
+    };
+    // The user stack. A thread that blocked went to sleep inside a system
+    // call (or, rarely, a page fault): its registers are read at the
+    // switch-in if reported, and its stack copied at the call's exit. A
+    // runnable one was preempted, maybe in user mode, where nothing in its
+    // context comes before it runs user code again: copied now unless it
+    // is inside a system call.
+    let (mut user_ip, mut user_sp, mut user_bp) = (0, 0, 0);
+    let mut user_stack_id = USER_STACK_NEXT;
+    if state == 0 {
+        match user_regs_now() {
+            Some(r) => {
+                (user_ip, user_sp, user_bp) = (r.ip, r.sp, r.bp);
+                if !r.in_syscall {
+                    if send_user_stack(&r, stack_for::SWITCH_OUT, now) {
+                        count(counter::USER_STACKS_AT_SWITCH_OUT);
+                    }
+                    user_stack_id = USER_STACK_AT_SWITCH_OUT;
+                }
+            }
+            None => user_stack_id = -14,
+        }
+    }
+    match OFFCPU_START.get_ptr_mut(&tid) {
+        // The thread's entry from its earlier intervals: rewritten in
+        // place, field by field (its deferred stack and last waker stay
+        // for the system call exit that reads them).
+        Some(p) => unsafe {
+            (*p).user_ip = user_ip;
+            (*p).user_sp = user_sp;
+            (*p).user_bp = user_bp;
+            (*p).user_stack_id = user_stack_id;
+            (*p).kernel_stack_id = kernel_stack_id;
+            (*p).state = state;
+            (*p).waker_tid = 0;
+            (*p).waker_tgid = 0;
+            (*p).tgid = tgid;
+            (*p).waker_kernel_stack_id = -1;
+            (*p).waker_user_stack_id = -1;
+            (*p).woken_ns = 0;
+            // Last: a wakeup on another CPU looks at this first.
+            (*p).start_ns = now;
+        },
+        None => {
+            let start = OffCpuStart {
+                start_ns: now,
+                user_ip,
+                user_sp,
+                user_bp,
+                user_stack_id,
+                kernel_stack_id,
+                state,
+                waker_tid: 0,
+                waker_tgid: 0,
+                tgid,
+                waker_kernel_stack_id: -1,
+                waker_user_stack_id: -1,
+                woken_ns: 0,
+                waker_comm: [0; COMM_LEN],
+                pending_sp: 0,
+                last_waker: LastWaker {
+                    tid: 0,
+                    user_stack_id: -1,
+                    kernel_stack_id: -1,
+                    _pad: 0,
+                    comm: [0; COMM_LEN],
+                },
+                last_woken_ns: 0,
+            };
+            hint_target_tid(tid);
+            if OFFCPU_START.insert(&tid, &start, 0).is_err() {
+                count(counter::OFFCPU_START_LOST);
+            }
+        }
+    }
+}
+
+/// The switch-in of an interval long enough to report: its stacks are
+/// taken from the sleeping task `next` (not running yet), then the
+/// interval goes out.
+#[inline(always)]
+fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, start: &OffCpuStart, now: u64) {
+    let mut user_stack_id = start.user_stack_id;
+    if user_stack_id == USER_STACK_NEXT {
+        // Its stack is copied at its system call's exit, where its stack
+        // pointer must still be the one saved when it entered the kernel.
+        let sp = if start.user_sp != 0 {
+            start.user_sp
+        } else {
+            match user_regs_of(next) {
+                Some(r) if r.in_syscall => r.sp,
+                // Asleep outside a system call (a page fault): no exit to
+                // copy it at.
+                _ => 0,
+            }
+        };
+        if sp != 0 {
+            unsafe { (*p).pending_sp = sp };
+        } else {
+            user_stack_id = -14;
+        }
+    }
+    let mut kernel_stack_id = start.kernel_stack_id;
+    if kernel_stack_id == KERNEL_STACK_AT_SWITCH_IN {
+        kernel_stack_id = send_kernel_stack(next, tid, start.start_ns);
     }
     let Some(mut entry) = EVENTS.reserve::<OffCpuInterval>(0) else {
         count(counter::RING_FULL);
-        return 0;
+        return;
     };
-    let comm: [u8; COMM_LEN] = unsafe { ctx.read_at(off.switch_next_comm as usize) }.unwrap_or([0; COMM_LEN]);
+    let off = offsets();
+    let comm: [u8; COMM_LEN] = unsafe {
+        bpf_probe_read_kernel((next as *const u8).add(off.task_comm as usize) as *const [u8; COMM_LEN])
+    }
+    .unwrap_or([0; COMM_LEN]);
     entry.write(OffCpuInterval {
         kind: EventKind::OffCpu as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -179,8 +241,8 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
         end_ns: now,
         tgid: start.tgid,
         tid,
-        user_stack_id: start.user_stack_id,
-        kernel_stack_id: start.kernel_stack_id,
+        user_stack_id,
+        kernel_stack_id,
         state: start.state,
         waker_tid: start.waker_tid,
         waker_tgid: start.waker_tgid,
@@ -191,9 +253,46 @@ pub fn slotprof_switch(ctx: TracePointContext) -> u32 {
     });
     entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
-    count_lost_stacks(&[start.kernel_stack_id, start.waker_kernel_stack_id]);
-    0
+    count_lost_stacks(&[kernel_stack_id, start.waker_kernel_stack_id]);
 }
+
+/// Walks the kernel stack of `task` (asleep) and sends it as the record
+/// before its interval. Returns the interval's kernel stack id:
+/// [`KERNEL_STACK_INLINE`], or the walk's negative errno.
+#[inline(always)]
+fn send_kernel_stack(task: *mut task_struct, tid: u32, start_ns: u64) -> i32 {
+    let Some(rec) = KERNEL_STACK_SCRATCH.get_ptr_mut(0) else {
+        return -12;
+    };
+    let rec = unsafe { &mut *rec };
+    let size = (MAX_STACK_DEPTH * 8) as u32;
+    let n = unsafe { bpf_get_task_stack(task, rec.ips.as_mut_ptr().cast(), size, 0) };
+    if n <= 0 {
+        return if n < 0 { n as i32 } else { -14 };
+    }
+    let len = (n as usize) & (MAX_STACK_DEPTH * 8 * 2 - 1);
+    rec.header = KernelStackHeader {
+        kind: EventKind::KernelStack as u32,
+        tid,
+        start_ns,
+        len: len as u32,
+        _pad: 0,
+    };
+    let total = core::mem::size_of::<KernelStackHeader>() + len;
+    if total > core::mem::size_of::<KernelStackRecord>() {
+        return -7;
+    }
+    let bytes = unsafe { core::slice::from_raw_parts((rec as *const KernelStackRecord).cast::<u8>(), total) };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        count(counter::RING_FULL);
+        return -28;
+    }
+    KERNEL_STACK_INLINE
+}
+
+/// Where a kernel stack record is built (1 KiB: too big for the BPF stack).
+#[map]
+static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStackRecord> = PerCpuArray::with_max_entries(1, 0);
 
 #[tracepoint]
 pub fn slotprof_waking(ctx: TracePointContext) -> u32 {

@@ -13,6 +13,7 @@
 //! such exit: its stack is copied at the switch-out.
 
 use aya_ebpf::{
+    bindings::task_struct,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
@@ -53,7 +54,14 @@ pub struct UserRegsNow {
 
 #[inline(always)]
 pub fn user_regs_now() -> Option<UserRegsNow> {
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const [u64; PT_REGS_WORDS];
+    user_regs_of(unsafe { bpf_get_current_task_btf() })
+}
+
+/// The user registers of `task` (the current one, or one that is not
+/// running: they stay as saved until it runs again).
+#[inline(always)]
+pub fn user_regs_of(task: *mut task_struct) -> Option<UserRegsNow> {
+    let regs = unsafe { bpf_task_pt_regs(task) } as *const [u64; PT_REGS_WORDS];
     if regs.is_null() {
         return None;
     }

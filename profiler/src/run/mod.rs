@@ -375,7 +375,7 @@ impl Pending {
         b: u64,
         min_ns: u64,
         agg: &mut Aggregator,
-        user_stack_of: &mut dyn FnMut(u32, &OffCpuStart) -> i32,
+        stacks_of: &mut dyn FnMut(u32, &OffCpuStart) -> (i32, i32),
     ) {
         let open_tids: std::collections::HashSet<u32> = open.iter().map(|(t, _)| *t).collect();
         self.carried.retain(|tid, _| open_tids.contains(tid));
@@ -393,7 +393,7 @@ impl Pending {
                     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
                 let mut part = *s;
                 part.start_ns = from;
-                part.user_stack_id = user_stack_of(*tid, s);
+                (part.user_stack_id, part.kernel_stack_id) = stacks_of(*tid, s);
                 agg.still_off_cpu(*tid, &part, b, comm.trim_end());
             }
             self.carried.insert(*tid, (s.start_ns, b));
