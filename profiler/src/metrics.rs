@@ -67,6 +67,11 @@ pub struct Snapshot {
     /// Stacks emptied from the kernel's stack maps as they took turns
     /// (mostly those of off-CPU intervals too short to be reported).
     pub stacks_emptied: u64,
+    /// User stacks unwound so far, by how they ended (complete,
+    /// truncated, stack_copy_ended, no_unwind_info, unwind_error).
+    pub user_stacks: BTreeMap<&'static str, u64>,
+    /// Bytes of unwind tables (.eh_frame etc.) held for the target's modules.
+    pub unwind_table_bytes: u64,
 }
 
 impl Default for Snapshot {
@@ -81,6 +86,8 @@ impl Default for Snapshot {
             slots_skipped: 0,
             export_bytes: 0,
             stacks_emptied: 0,
+            user_stacks: BTreeMap::new(),
+            unwind_table_bytes: 0,
         }
     }
 }
@@ -204,6 +211,23 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
     );
     section(
         &mut out,
+        "slotprof_user_stacks_total",
+        "counter",
+        "User stacks unwound (from copies, with the modules' CFI), by how they ended: complete (the thread's first frame), truncated (128 frames), stack_copy_ended, no_unwind_info, unwind_error.",
+        s.user_stacks
+            .iter()
+            .map(|(e, n)| format!("slotprof_user_stacks_total{{end=\"{}\"}} {n}", escape(e)))
+            .collect(),
+    );
+    section(
+        &mut out,
+        "slotprof_unwind_table_bytes",
+        "gauge",
+        "Bytes of unwind tables (.eh_frame, .debug_frame) held for the target's modules.",
+        vec![format!("slotprof_unwind_table_bytes {}", s.unwind_table_bytes)],
+    );
+    section(
+        &mut out,
         "slotprof_process_cpu_seconds_total",
         "counter",
         "slotprof's own CPU time (user + system).",
@@ -282,6 +306,9 @@ mod tests {
         }
         s.slots_exported = 4;
         s.slots_summarised = 96;
+        s.user_stacks.insert("complete", 990);
+        s.user_stacks.insert("truncated", 10);
+        s.unwind_table_bytes = 4096;
         s
     }
 
@@ -317,6 +344,11 @@ mod tests {
             2.0
         );
         assert_eq!(value(&scrape, "slotprof_samples_total", None), 12345.0);
+        assert_eq!(
+            value(&scrape, "slotprof_user_stacks_total", Some(("end", "truncated"))),
+            10.0
+        );
+        assert_eq!(value(&scrape, "slotprof_unwind_table_bytes", None), 4096.0);
         assert_eq!(
             value(&scrape, "slotprof_process_resident_memory_bytes", None),
             (64 << 20) as f64

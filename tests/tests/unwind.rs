@@ -451,8 +451,12 @@ fn record_copy(dir: &Path, bin: &Path) -> (PathBuf, String) {
 /// A copy of the no-frame-pointer stall-deep changed by `objcopy args`;
 /// `None` after printing SKIPPED when objcopy is missing.
 fn objcopy_of_stall_deep(dir: &Path, name: &str, args: &[&str]) -> Option<PathBuf> {
+    objcopy_of(&without_frame_pointers("stall-deep"), dir, name, args)
+}
+
+fn objcopy_of(from: &Path, dir: &Path, name: &str, args: &[&str]) -> Option<PathBuf> {
     let bin = dir.join(name);
-    std::fs::copy(without_frame_pointers("stall-deep"), &bin).unwrap();
+    std::fs::copy(from, &bin).unwrap();
     let ok = Command::new("objcopy").args(args).arg(&bin).status();
     if !ok.is_ok_and(|s| s.success()) {
         eprintln!("SKIPPED: objcopy is missing or failed (binutils)");
@@ -529,4 +533,119 @@ fn section_size(bin: &Path, name: &str) -> usize {
     let after = line.split(']').nth(1).unwrap();
     let size = after.split_whitespace().nth(4).unwrap();
     usize::from_str_radix(size, 16).unwrap()
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_frame_pointer_module_without_cfi_between_cfi_code_unwinds_through_both_and_deep_stacks_end_truncated() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("unwind-mixed");
+    // The frame-pointer build with its CFI removed: its own frames unwind
+    // by frame pointers, glibc's (no frame pointers) by CFI. The waiter's
+    // chain crosses both ways: glibc's `syscall` (CFI) called from our
+    // code (frame pointers), called from glibc's start_thread (CFI).
+    let Some(bin) = objcopy_of(
+        &stall_program("stall-deep"),
+        &dir,
+        "fponly",
+        &[
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ],
+    ) else {
+        return;
+    };
+    let out = dir.join("out");
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "--seconds",
+        "3",
+        "--recurse",
+        "200",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = read_json(&out.join("summary.json"));
+    let exe = unwinding_of(&s, "fponly");
+    assert_eq!(exe["unwinding"], "frame pointers (no CFI)", "{}", s["unwinding"]);
+    assert_eq!(
+        unwinding_of(&s, "libc.so.6")["unwinding"],
+        "cfi",
+        "{}",
+        s["unwinding"]
+    );
+
+    let oncpu = read_folded(&out.join("oncpu.folded"));
+    let offcpu = read_folded(&out.join("offcpu.folded"));
+    // deep_spin_leaf is a leaf: even this build gives it no frame (rustc's
+    // frame pointers are for non-leaf functions), so a frame-pointer walk
+    // from inside it goes from its caller's frame: deep_spin_mid is lost,
+    // as with any frame-pointer unwinder (perf -g too). The rest must hold.
+    let hot = shares(
+        &oncpu,
+        "hot",
+        &["thread_start", "deep_spin_top", "deep_spin_leaf"],
+    );
+    let wait = shares(&offcpu, "waiter", WAIT_CHAIN);
+    eprintln!(
+        "frame pointers without CFI: hot {} samples, {:.1}% whole, {:.1}% of deep_spin_leaf with the chain; \
+         waiter {:.0} ms, {:.1}% whole, {:.1}% with the chain",
+        hot.all,
+        hot.whole * 100.0,
+        hot.chain * 100.0,
+        wait.all as f64 / 1e6,
+        wait.whole * 100.0,
+        wait.chain * 100.0
+    );
+    assert!(
+        hot.at_leaf >= 30,
+        "only {} samples in deep_spin_leaf",
+        hot.at_leaf
+    );
+    assert!(
+        hot.whole >= 0.95 && hot.chain >= 0.95,
+        "hot: {:.3} {:.3}",
+        hot.whole,
+        hot.chain
+    );
+    assert!(
+        wait.at_leaf >= 500_000_000,
+        "the waiter waited {} ns",
+        wait.at_leaf
+    );
+    assert!(
+        wait.whole >= 0.95 && wait.chain >= 0.95,
+        "waiter: {:.3} {:.3}",
+        wait.whole,
+        wait.chain
+    );
+
+    // 200 nested calls: every stack of that thread keeps 128 frames and
+    // ends in [truncated] (root side), counted in the summary.
+    let (mut all, mut truncated) = (0u64, 0u64);
+    let mut stacks = 0u64;
+    for (stack, w) in oncpu.iter().filter(|(st, _)| st.starts_with("recursive;")) {
+        all += w;
+        let frames: Vec<&str> = stack.split(';').collect();
+        let user: Vec<&&str> = frames[1..].iter().filter(|f| !f.ends_with("_[k]")).collect();
+        let recursions = user.iter().filter(|f| f.contains("deep_recurse")).count();
+        if user.first().is_some_and(|f| f.starts_with("[truncated]")) && recursions >= 120 {
+            truncated += w;
+        }
+        stacks += 1;
+    }
+    eprintln!("recursive: {truncated} of {all} samples end in [truncated] with >= 120 deep_recurse frames ({stacks} stacks); unwinding: truncated {}", s["unwinding"]["truncated"]);
+    assert!(all >= 30, "only {all} samples of the recursive thread");
+    assert!(truncated * 100 >= all * 95, "{truncated} of {all}");
+    assert!(
+        s["unwinding"]["truncated"].as_u64().unwrap_or(0) >= truncated,
+        "{}",
+        s["unwinding"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

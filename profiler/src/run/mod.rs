@@ -762,7 +762,19 @@ impl Chunk<'_> {
             .flat_map(Event::stack_ids)
             .chain(in_flight.iter().flat_map(|(_, s)| s.stack_ids()));
         let emptied = stacks.rotate(probes, still_needed)?;
-        self.snapshot.lock().unwrap().stacks_emptied += emptied as u64;
+        {
+            let mut snap = self.snapshot.lock().unwrap();
+            snap.stacks_emptied += emptied as u64;
+            let t = &stacks.user.unwinder.totals;
+            snap.user_stacks = std::collections::BTreeMap::from([
+                ("complete", t.complete),
+                ("truncated", t.truncated),
+                ("stack_copy_ended", t.stack_copy_end),
+                ("no_unwind_info", t.no_unwind_info),
+                ("unwind_error", t.errors),
+            ]);
+            snap.unwind_table_bytes = stacks.user.unwinder.table_bytes() as u64;
+        }
         let timeline = Timeline::new(slots.to_vec());
         let per_slot = agg.resolve_slots(&timeline, &table, sym);
         let thread_names = agg.thread_names();

@@ -6,7 +6,11 @@
 //! it twice: with frame pointers (target/release) and as a plain
 //! `cargo build --release` would, without (target/nofp/release).
 //!
-//! `stall-deep --seconds N`
+//! With `--recurse N` a third thread, `recursive`, spins at the bottom of
+//! N nested calls of `deep_recurse` (deeper than the 128 frames a stack
+//! keeps: its stacks end in `[truncated]`).
+//!
+//! `stall-deep --seconds N [--recurse N]`
 
 use std::{
     sync::{Condvar, Mutex},
@@ -50,6 +54,20 @@ fn deep_wait_top(p: &(Mutex<bool>, Condvar)) {
     std::hint::black_box(());
 }
 
+/// Spins until `end` at the bottom of `depth` nested calls.
+#[inline(never)]
+fn deep_recurse(depth: u32, end: Instant) -> u64 {
+    if depth == 0 {
+        let mut n = 0;
+        while Instant::now() < end {
+            n = deep_spin_leaf(n);
+        }
+        return n;
+    }
+    // Work after the call keeps it a call (no tail call, no loop).
+    std::hint::black_box(deep_recurse(std::hint::black_box(depth - 1), end)).wrapping_add(1)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds: u64 = args
@@ -58,7 +76,18 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    let recurse: Option<u32> = args
+        .iter()
+        .position(|a| a == "--recurse")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
     let end = Instant::now() + Duration::from_secs(seconds);
+    let recursive = recurse.map(|depth| {
+        std::thread::Builder::new()
+            .name("recursive".into())
+            .spawn(move || deep_recurse(depth, end))
+            .unwrap()
+    });
     let hot = std::thread::Builder::new()
         .name("hot".into())
         .spawn(move || {
@@ -80,4 +109,7 @@ fn main() {
         .unwrap();
     hot.join().unwrap();
     waiter.join().unwrap();
+    if let Some(r) = recursive {
+        r.join().unwrap();
+    }
 }
