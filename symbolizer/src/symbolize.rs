@@ -256,14 +256,101 @@ fn write_vdso_image() -> Option<PathBuf> {
 /// A symbol's name and the functions inlined into it at that address,
 /// innermost first.
 fn names(sym: &blazesym::symbolize::Sym<'_>) -> Vec<String> {
-    let mut frames: Vec<String> = sym.inlined.iter().rev().map(|f| f.name.to_string()).collect();
-    frames.push(sym.name.to_string());
+    let mut frames: Vec<String> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| without_parameters(&f.name))
+        .collect();
+    frames.push(without_parameters(&sym.name));
     frames
+}
+
+/// A demangled C++ name without its parameter list and the qualifiers
+/// after it (`rocksdb::DBImpl::Get(rocksdb::ReadOptions const&, ...) const`
+/// is `rocksdb::DBImpl::Get`), as flamegraphs name frames: the same
+/// function is one frame, and names stay short. A `[clone ...]` suffix is
+/// kept. Rust names (no parameter lists) pass unchanged.
+pub fn without_parameters(name: &str) -> String {
+    let (body, clone) = match name.find(" [clone") {
+        Some(i) => name.split_at(i),
+        None => (name, ""),
+    };
+    let mut end = body.trim_end();
+    for q in [" const", " volatile", " &&", " &", "&&", "&"] {
+        if let Some(rest) = end.strip_suffix(q) {
+            if rest.ends_with(')') || rest.ends_with(" const") || rest.ends_with(" volatile") {
+                end = rest.trim_end();
+            }
+        }
+    }
+    let end = end.strip_suffix(" const").unwrap_or(end);
+    if !end.ends_with(')') {
+        return name.to_string();
+    }
+    // The '(' that opens the last parenthesised group.
+    let mut depth = 0i32;
+    for (i, c) in end.char_indices().rev() {
+        match c {
+            ')' => depth += 1,
+            '(' => {
+                depth -= 1;
+                if depth == 0 {
+                    let head = &end[..i];
+                    // "(anonymous namespace)" alone, or nothing before:
+                    // not a parameter list.
+                    if head.is_empty() {
+                        return name.to_string();
+                    }
+                    return format!("{head}{clone}");
+                }
+            }
+            _ => {}
+        }
+    }
+    name.to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpp_names_lose_their_parameter_lists_and_rust_names_stay() {
+        for (full, short) in [
+            (
+                "rocksdb::DBImpl::Get(rocksdb::ReadOptions const&, rocksdb::Slice const&, std::string*)",
+                "rocksdb::DBImpl::Get",
+            ),
+            ("rocksdb::Version::Get(int) const", "rocksdb::Version::Get"),
+            ("foo::bar() &&", "foo::bar"),
+            (
+                "(anonymous namespace)::Worker::run(int)",
+                "(anonymous namespace)::Worker::run",
+            ),
+            (
+                "std::function<void (int)>::operator()(int) const",
+                "std::function<void (int)>::operator()",
+            ),
+            ("compress(char*, int) [clone .cold]", "compress [clone .cold]"),
+            ("__futex_abstimed_wait_common", "__futex_abstimed_wait_common"),
+            ("(anonymous namespace)", "(anonymous namespace)"),
+            (
+                "<solana_poh::poh_recorder::PohRecorder>::set_bank",
+                "<solana_poh::poh_recorder::PohRecorder>::set_bank",
+            ),
+            (
+                "core::ptr::drop_in_place<(u32, alloc::string::String)>",
+                "core::ptr::drop_in_place<(u32, alloc::string::String)>",
+            ),
+            (
+                "std::thread::Builder::spawn::{{closure}}",
+                "std::thread::Builder::spawn::{{closure}}",
+            ),
+        ] {
+            assert_eq!(without_parameters(full), short, "{full}");
+        }
+    }
 
     #[test]
     fn the_caches_stay_bounded_and_keep_what_is_in_use() {

@@ -26,6 +26,12 @@ fn run(
     }
     let (out, truth) = record(test, &opts, "stall-false-sharing", &args);
     let found = findings(&out, "CacheLinePingPong");
+    if found.is_empty() && !padded {
+        // What the detector saw, for the log of a run that finds nothing.
+        let s = read_json(&out.join("summary.json"));
+        eprintln!("{test}: no finding; summary cache_lines: {}", s["cache_lines"]);
+        eprintln!("{test}: counts {} lost {}", s["counts"], s["lost"]);
+    }
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
     let _ = std::fs::remove_dir_all(&topo_dir);
     (found, truth)

@@ -319,8 +319,18 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let now = unsafe { bpf_ktime_get_ns() };
     let asleep = now.saturating_sub(unsafe { (*start).start_ns });
+    // The waker's user stack only for a thread in a futex wait: only the
+    // futex record (lock contention: who held the lock) carries it.
     let (waker_kernel_stack_id, waker_user_stack_id) = if asleep >= waker_stack_min_ns() {
-        (stack_id(&ctx, 0), stack_id(&ctx, BPF_F_USER_STACK))
+        let in_futex = FUTEX_START
+            .get_ptr(&(pid as u32))
+            .is_some_and(|f| unsafe { (*f).start_ns } != 0);
+        let user = if in_futex {
+            stack_id(&ctx, BPF_F_USER_STACK)
+        } else {
+            -1
+        };
+        (stack_id(&ctx, 0), user)
     } else {
         (-1, -1)
     };
