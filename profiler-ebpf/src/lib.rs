@@ -558,8 +558,12 @@ pub mod counter {
     /// A deferred stack found the thread back in user space by another way
     /// (its registers had changed): not taken.
     pub const USER_STACK_CONTEXT_CHANGED: u32 = 13;
+    /// User stack copies not made because the ring buffer was over half
+    /// full: the small records (samples, intervals, registers) keep the
+    /// room, the copy is replaced by an empty one.
+    pub const USER_STACK_RING_BUSY: u32 = 14;
     /// Number of counters.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
 }
 
 /// Kernel stack id of an off-CPU interval that began in a futex wait: the

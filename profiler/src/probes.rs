@@ -95,6 +95,7 @@ pub struct Counters {
     pub user_stacks_sampled: u64,
     pub user_stack_copy_failed: u64,
     pub user_stack_context_changed: u64,
+    pub user_stack_ring_busy: u64,
 }
 
 impl Counters {
@@ -293,6 +294,7 @@ impl Probes {
             user_stacks_sampled: read(counter::USER_STACKS_SAMPLED)?,
             user_stack_copy_failed: read(counter::USER_STACK_COPY_FAILED)?,
             user_stack_context_changed: read(counter::USER_STACK_CONTEXT_CHANGED)?,
+            user_stack_ring_busy: read(counter::USER_STACK_RING_BUSY)?,
         })
     }
 

@@ -242,6 +242,9 @@ pub struct Unwinding {
     pub kernel_copies_failed: u64,
     /// Deferred copies dropped: the thread came back to user space another way.
     pub kernel_context_changed: u64,
+    /// Copies not made: the ring buffer was over half full (a reader
+    /// that could not keep up); those stacks say `[user stack not taken]`.
+    pub kernel_copies_skipped_ring_busy: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -288,6 +291,7 @@ impl Unwinding {
             kernel_copies_for_samples: c.user_stacks_sampled,
             kernel_copies_failed: c.user_stack_copy_failed,
             kernel_context_changed: c.user_stack_context_changed,
+            kernel_copies_skipped_ring_busy: c.user_stack_ring_busy,
         }
     }
 

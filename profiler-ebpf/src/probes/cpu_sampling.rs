@@ -48,6 +48,9 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     entry.submit(submit_flags());
+    // The registers (small, for the cache-line detector) before the copy
+    // (large): a ring short of room drops the copy, not them.
+    user_regs(&ctx, tgid, pid_tgid as u32);
     match user_regs_now() {
         Some(regs) => {
             if send_user_stack(&regs, stack_for::SAMPLE, 0) {
@@ -56,7 +59,6 @@ pub fn slotprof_cpu(ctx: PerfEventContext) -> u32 {
         }
         None => send_no_stack(stack_for::SAMPLE),
     }
-    user_regs(&ctx, tgid, pid_tgid as u32);
     0
 }
 

@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES, PT_REGS_WORDS,
-    USER_STACK_BYTES,
+    RING_BYTES, USER_STACK_BYTES,
 };
 
 use super::{count, submit_flags, EVENTS, OFFCPU_START};
@@ -115,7 +115,15 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     let first = (4096 - (sp & 4095)) as u32;
     let mut len: usize = 0;
     let base = rec.stack.as_mut_ptr();
-    if sp != 0 && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
+    // A ring over half full (a reader that cannot keep up: a slow
+    // machine, a burst) gets no more big copies: the small records that
+    // come with and after them keep the room.
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    let busy = EVENTS.query(BPF_RB_AVAIL_DATA) >= (RING_BYTES / 2) as u64;
+    if busy && sp != 0 {
+        count(counter::USER_STACK_RING_BUSY);
+    }
+    if sp != 0 && !busy && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
         len = first as usize;
         let mut page = 0;
         while page < USER_STACK_BYTES / 4096 - 1 && len < want {
@@ -132,7 +140,7 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     }
     let len = if len > want { want } else { len };
     let len = len.min(USER_STACK_BYTES) as u32;
-    if len == 0 {
+    if len == 0 && sp != 0 && !busy {
         count(counter::USER_STACK_COPY_FAILED);
     }
     rec.header = UserStackHeader {
