@@ -179,26 +179,25 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
         }
         let pid = target.id().to_string();
         let perf_data = dir.join("perf.data");
-        let perf_run = perf.as_ref().map(|p| {
-            Command::new(p)
-                .args([
-                    "record",
-                    "-q",
-                    "--call-graph",
-                    "dwarf",
-                    "-F",
-                    "99",
-                    "-p",
-                    &pid,
-                    "-o",
-                ])
-                .arg(&perf_data)
-                .args(["--", "sleep", "5"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        });
+        // perf on the same run: on-CPU samples, and (a second perf) a
+        // DWARF stack at every switch-out, the off-CPU reference.
+        let perf_switch_data = dir.join("perf-switch.data");
+        let perf_record = |events: &[&str], data: &Path| {
+            perf.as_ref().map(|p| {
+                Command::new(p)
+                    .args(["record", "-q", "--call-graph", "dwarf"])
+                    .args(events)
+                    .args(["-p", &pid, "-o"])
+                    .arg(data)
+                    .args(["--", "sleep", "5"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+        };
+        let perf_run = perf_record(&["-F", "99"], &perf_data);
+        let perf_switch_run = perf_record(&["-e", "sched:sched_switch"], &perf_switch_data);
         let out = dir.join("out");
         let o = run_slotprof(&[
             "attach",
@@ -210,7 +209,7 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
             out.to_str().unwrap(),
         ]);
         assert!(o.status.success(), "{build}");
-        if let Some(mut p) = perf_run {
+        for mut p in perf_run.into_iter().chain(perf_switch_run) {
             let _ = p.wait();
         }
         let _ = target.wait();
@@ -308,6 +307,33 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
                 );
             } else {
                 eprintln!("NOT CHECKED: perf recorded too few samples of the hot thread to compare");
+            }
+            // Off-CPU: perf's stack at each of the waiter's switch-outs
+            // inside the Condvar wait (every wait is the same 20 ms
+            // timeout, so a share of switch-outs is a share of the time).
+            let switches = perf_samples(perf, &perf_switch_data, "waiter");
+            let in_wait: Vec<Vec<&str>> = switches
+                .iter()
+                .map(|leaf_first| leaf_first.iter().rev().map(String::as_str).collect::<Vec<_>>())
+                .filter(|root_first| root_first.iter().any(|f| f.contains("Condvar")))
+                .collect();
+            let full = in_wait.iter().filter(|f| holds_chain(f, WAIT_CHAIN)).count();
+            let perf_wait = full as f64 / in_wait.len().max(1) as f64;
+            eprintln!(
+                "{build}: perf -e sched:sched_switch --call-graph dwarf: {} of the waiter's switch-outs in the Condvar wait, {:.1}% with the whole chain; slotprof {:.1}% of that wait's time",
+                in_wait.len(),
+                perf_wait * 100.0,
+                wait.chain * 100.0
+            );
+            if in_wait.len() >= 20 {
+                assert!(
+                    wait.chain >= perf_wait - 0.05,
+                    "{build}: off-CPU, slotprof {:.1}% vs perf {:.1}% with the whole chain",
+                    wait.chain * 100.0,
+                    perf_wait * 100.0
+                );
+            } else {
+                eprintln!("NOT CHECKED: perf recorded too few switch-outs of the waiter to compare");
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
