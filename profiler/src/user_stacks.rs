@@ -237,7 +237,7 @@ impl UserStacks {
         let len = header.len as usize;
         let Some(ips) = bytes
             .get(hsize..hsize + len)
-            .filter(|_| len % 8 == 0 && len / 8 <= profiler_ebpf::MAX_STACK_DEPTH)
+            .filter(|_| len.is_multiple_of(8) && len / 8 <= profiler_ebpf::MAX_STACK_DEPTH)
         else {
             self.sources.malformed += 1;
             return Err(Malformed);

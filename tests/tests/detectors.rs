@@ -221,7 +221,10 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         if hit["cause"] == want[kind] {
             right += 1;
         } else {
-            eprintln!("{kind} gap at {s} found as {}: {}", hit["cause"], hit["stack"]);
+            eprintln!(
+                "{kind} gap at {s} found as {}: {} magnitudes {} evidence {}",
+                hit["cause"], hit["stack"], hit["magnitudes"], hit["evidence"]
+            );
         }
         if kind == "drop" && names_the_drop(&hit["stack"]) {
             drop_named += 1;
