@@ -206,6 +206,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         ("drop", "on-CPU"),
     ]);
     let (mut found, mut right, mut drop_named) = (0, 0, 0);
+    let (mut lock_blocked, mut lock_spun) = (0, 0);
     for g in injected {
         let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
         if e - s < threshold_ns {
@@ -218,12 +219,33 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         let Some(hit) = hit else { continue };
         found += 1;
         let kind = g["kind"].as_str().unwrap();
-        if hit["cause"] == want[kind] {
+        // The kernel's own count for the thread decides what a lock gap
+        // was: in the TCG test VMs the waiter now and then spends most of
+        // one on-CPU inside `Mutex::lock_contended` (its getrusage time
+        // says ~90 of 100 ms, with one voluntary switch), and on-CPU is
+        // then the right answer.
+        let cpu_ns = g["cpu_ns"].as_u64().expect("the stall program reports cpu_ns");
+        let want_cause = if kind == "lock" && cpu_ns * 2 > e - s {
+            lock_spun += 1;
+            "on-CPU"
+        } else {
+            if kind == "lock" {
+                lock_blocked += 1;
+            }
+            want[kind]
+        };
+        if hit["cause"] == want_cause {
             right += 1;
         } else {
             eprintln!(
-                "{kind} gap at {s} found as {}: {} magnitudes {} evidence {}",
-                hit["cause"], hit["stack"], hit["magnitudes"], hit["evidence"]
+                "{kind} gap at {s} found as {}: {} magnitudes {} evidence {}; the program's \
+                 thread: {} ms on-CPU, {} voluntary switches",
+                hit["cause"],
+                hit["stack"],
+                hit["magnitudes"],
+                hit["evidence"],
+                g["cpu_ns"].as_u64().unwrap_or(0) / 1_000_000,
+                g["voluntary_switches"]
             );
         }
         if kind == "drop" && names_the_drop(&hit["stack"]) {
@@ -235,8 +257,13 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= threshold_ns)
         .count();
     eprintln!(
-        "{found} of {over} injected gaps found, {right} with the right cause; {} findings",
+        "{found} of {over} injected gaps found, {right} with the right cause; {} findings; \
+         lock gaps: {lock_blocked} blocked, {lock_spun} mostly on-CPU by the thread's own count",
         gaps.len()
+    );
+    assert!(
+        lock_blocked > 0,
+        "no lock gap blocked: the futex cause went unchecked"
     );
     assert!(found as f64 >= 0.9 * over as f64, "found {found} of {over}");
     // 0.85: in a TCG test VM (10-50x slower) a gap now and then overlaps

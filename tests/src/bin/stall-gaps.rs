@@ -13,6 +13,10 @@
 //! `--smooth`: no gaps. `--seconds S` (default 6). `--report FILE`: JSON
 //! with every injected gap's kind and CLOCK_MONOTONIC start and end, and
 //! every iteration that took over `--slow-ms` (default 5) without one.
+//! Each gap also carries what the kernel counted for the loop thread over
+//! it (`getrusage(RUSAGE_THREAD)`): `cpu_ns` (user + system time) and
+//! `voluntary_switches` (times it blocked), the ground truth of whether
+//! the gap was spent on-CPU or blocked.
 
 use std::{
     hint::black_box,
@@ -22,6 +26,14 @@ use std::{
 };
 
 use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+
+/// The calling thread's CPU time (ns) and voluntary context switches.
+fn thread_usage() -> (u64, u64) {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    (ns(u.ru_utime) + ns(u.ru_stime), u.ru_nvcsw as u64)
+}
 
 /// One iteration of the main loop (the `--loop-symbol` target).
 #[no_mangle]
@@ -132,6 +144,7 @@ fn main() {
             continue;
         }
         let kind = kinds[(i / every) as usize % kinds.len()];
+        let before = thread_usage();
         let (start, stop) = match kind {
             "sleep" => {
                 let s = monotonic_ns();
@@ -156,8 +169,12 @@ fn main() {
                 (s, e)
             }
         };
+        let after = thread_usage();
         gaps.push(format!(
-            "{{\"kind\":\"{kind}\",\"start_ns\":{start},\"end_ns\":{stop}}}"
+            "{{\"kind\":\"{kind}\",\"start_ns\":{start},\"end_ns\":{stop},\
+             \"cpu_ns\":{},\"voluntary_switches\":{}}}",
+            after.0 - before.0,
+            after.1 - before.1
         ));
     }
     write_report(
