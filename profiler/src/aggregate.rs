@@ -291,17 +291,20 @@ impl Aggregator {
     pub fn longest_intervals(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Vec<LongInterval> {
         let mut out = self.longest.clone();
         for l in &mut out {
-            let frames: Vec<String> = stacks
-                .get(&l.waker_kernel_stack_id)
-                .map(|addrs| {
+            // -1: not taken (a sleep too short for the waker's stacks).
+            let id = l.waker_kernel_stack_id;
+            let frames: Option<Vec<String>> = if id == -1 {
+                Some(Vec::new())
+            } else {
+                stacks.get(&id).map(|addrs| {
                     let named = addrs
                         .iter()
                         .enumerate()
                         .flat_map(|(i, &a)| sym.kernel_frame(a, i > 0));
                     named.collect()
                 })
-                .unwrap_or_default();
-            l.waker = describe_waker(l.waker_task.as_ref(), &frames);
+            };
+            l.waker = describe_waker(l.waker_task.as_ref(), frames.as_deref());
         }
         out
     }
@@ -425,7 +428,13 @@ impl Aggregator {
 
 /// Names a waker from the task that was current at the wakeup and the
 /// kernel stack of the wakeup (leaf first).
-fn describe_waker(task: Option<&(String, u32)>, kernel_frames: &[String]) -> Option<String> {
+/// `kernel_frames` is `None` when the waker's kernel stack was lost (a
+/// stack-map collision): the task is then named with "(stack lost)".
+fn describe_waker(task: Option<&(String, u32)>, kernel_frames: Option<&[String]>) -> Option<String> {
+    let Some(kernel_frames) = kernel_frames else {
+        let (comm, tid) = task?;
+        return Some(format!("{comm}/{tid} (stack lost)"));
+    };
     let in_interrupt = kernel_frames.iter().any(|f| {
         f.starts_with("asm_sysvec_")
             || f.starts_with("asm_common_interrupt")
@@ -567,7 +576,10 @@ mod tests {
             "__sysvec_apic_timer_interrupt",
             "asm_sysvec_apic_timer_interrupt",
         ]);
-        assert_eq!(describe_waker(Some(&task), &timer).as_deref(), Some("timer"));
+        assert_eq!(
+            describe_waker(Some(&task), Some(&timer)).as_deref(),
+            Some("timer")
+        );
         let futex = frames(&[
             "try_to_wake_up",
             "wake_up_q",
@@ -577,10 +589,14 @@ mod tests {
             "do_syscall_64",
         ]);
         assert_eq!(
-            describe_waker(Some(&task), &futex).as_deref(),
+            describe_waker(Some(&task), Some(&futex)).as_deref(),
             Some("hot/7 (futex)")
         );
-        assert_eq!(describe_waker(None, &[]), None);
+        assert_eq!(describe_waker(None, Some(&[])), None);
+        assert_eq!(
+            describe_waker(Some(&task), None).as_deref(),
+            Some("hot/7 (stack lost)")
+        );
     }
 
     fn comm(s: &str) -> [u8; COMM_LEN] {

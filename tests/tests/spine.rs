@@ -83,10 +83,13 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
         !waiter.is_empty(),
         "no waiter interval among the longest: {longest:?}"
     );
+    // A waker whose kernel stack collided in the stack map (a few in a
+    // thousand in a TCG test VM) is named "(stack lost)", never misnamed.
     assert!(
         waiter
             .iter()
-            .all(|w| w.starts_with("poker/") && w.contains("futex")),
+            .all(|w| w.starts_with("poker/") && (w.contains("(futex)") || w.contains("(stack lost)")))
+            && waiter.iter().any(|w| w.contains("(futex)")),
         "{waiter:?}"
     );
     let sleeper = waker_of("sleeper");
@@ -297,18 +300,7 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
 fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("nofp");
-    let Some(bin) = compile_c(
-        &dir,
-        "spin",
-        "#include <time.h>\n\
-         static volatile unsigned long sink;\n\
-         __attribute__((noinline)) static unsigned long spin(unsigned long x) {\n\
-           for (int i = 0; i < 100000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;\n\
-           return x; }\n\
-         int main(void) { time_t end = time(0) + 2; unsigned long x = 1;\n\
-           while (time(0) < end) x = spin(x); sink = x; return 0; }\n",
-        &["-O2", "-fomit-frame-pointer"],
-    ) else {
+    let Some(bin) = c_program(&dir, "spin") else {
         return;
     };
     // Neither frame pointers nor CFI: its .eh_frame (which gcc emits by

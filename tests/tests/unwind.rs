@@ -89,7 +89,7 @@ fn holds_chain(frames: &[&str], chain: &[&str]) -> bool {
 /// perf's samples of `thread` (leaf first per sample) from `perf script`.
 fn perf_samples(perf: &Path, data: &Path, thread: &str) -> Vec<Vec<String>> {
     let out = Command::new(perf)
-        .args(["script", "-F", "comm,tid,ip,sym", "-i"])
+        .args(["script", "--no-inline", "-F", "comm,tid,ip,sym", "-i"])
         .arg(data)
         .output()
         .expect("perf script");
@@ -114,6 +114,19 @@ fn perf_samples(perf: &Path, data: &Path, thread: &str) -> Vec<Vec<String>> {
         }
     }
     samples.extend(current);
+    if samples.is_empty() {
+        eprintln!(
+            "perf script -i {} ({} bytes): {} lines out, stderr: {}",
+            data.display(),
+            std::fs::metadata(data).map_or(0, |m| m.len()),
+            text.lines().count(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
     samples
 }
 
@@ -184,17 +197,25 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
         let perf_switch_data = dir.join("perf-switch.data");
         let perf_record = |events: &[&str], data: &Path| {
             perf.as_ref().map(|p| {
+                let err = std::fs::File::create(data.with_extension("err")).unwrap();
                 Command::new(p)
-                    .args(["record", "-q", "--call-graph", "dwarf"])
+                    .args(["record", "-q", "--no-buildid-cache", "--call-graph", "dwarf"])
                     .args(events)
                     .args(["-p", &pid, "-o"])
                     .arg(data)
                     .args(["--", "sleep", "5"])
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null())
+                    .stderr(err)
                     .spawn()
                     .unwrap()
             })
+        };
+        // What perf said, for a run where it recorded too little.
+        let perf_said = |data: &Path| {
+            std::fs::read_to_string(data.with_extension("err"))
+                .unwrap_or_default()
+                .trim()
+                .replace('\n', " | ")
         };
         let perf_run = perf_record(&["-F", "99"], &perf_data);
         let perf_switch_run = perf_record(&["-e", "sched:sched_switch"], &perf_switch_data);
@@ -306,7 +327,11 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
                     perf_share * 100.0
                 );
             } else {
-                eprintln!("NOT CHECKED: perf recorded too few samples of the hot thread to compare");
+                eprintln!(
+                    "NOT CHECKED: perf recorded too few samples of the hot thread to compare \
+                     (perf said: {})",
+                    perf_said(&perf_data)
+                );
             }
             // Off-CPU: perf's stack at each of the waiter's switch-outs
             // inside the Condvar wait (every wait is the same 20 ms
@@ -333,7 +358,11 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
                     perf_wait * 100.0
                 );
             } else {
-                eprintln!("NOT CHECKED: perf recorded too few switch-outs of the waiter to compare");
+                eprintln!(
+                    "NOT CHECKED: perf recorded too few switch-outs of the waiter to compare \
+                     (perf said: {})",
+                    perf_said(&perf_switch_data)
+                );
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -345,21 +374,7 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
 fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("unwind-c");
-    let Some(bin) = compile_c(
-        &dir,
-        "cwait",
-        "#define _GNU_SOURCE\n#include <pthread.h>\n#include <time.h>\n\
-         static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;\n\
-         static pthread_cond_t c = PTHREAD_COND_INITIALIZER;\n\
-         __attribute__((noinline)) void c_waiting_function(void) {\n\
-           struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);\n\
-           ts.tv_nsec += 20000000; if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }\n\
-           pthread_mutex_lock(&m); pthread_cond_timedwait(&c, &m, &ts); pthread_mutex_unlock(&m); }\n\
-         static void *waiter(void *a) { time_t end = time(0) + 3; while (time(0) < end) c_waiting_function(); return a; }\n\
-         int main(void) { pthread_t t; pthread_create(&t, 0, waiter, 0); pthread_setname_np(t, \"cwaiter\");\n\
-           pthread_join(t, 0); return 0; }\n",
-        &["-O2", "-fomit-frame-pointer", "-pthread"],
-    ) else {
+    let Some(bin) = c_program(&dir, "cwait") else {
         return;
     };
     let out = dir.join("out");

@@ -94,7 +94,39 @@ fn build(root: &Path) -> anyhow::Result<()> {
         // RUSTFLAGS replaces .cargo/config.toml's target rustflags (a
         // CARGO_TARGET_*_RUSTFLAGS variable would be added to them).
         &[("RUSTFLAGS", "-C force-frame-pointers=no"), ("CFLAGS", "-O2")],
-    )
+    )?;
+    build_c_programs(root)
+}
+
+/// Compiles the C stall programs (`tests/c/NAME.c`, flags on their first
+/// line as `// cflags: ...`) into `target/c/NAME`, where the tests and the
+/// test VMs (which have no compiler) find them.
+fn build_c_programs(root: &Path) -> anyhow::Result<()> {
+    let out = root.join("target/c");
+    std::fs::create_dir_all(&out)?;
+    let mut sources: Vec<_> = std::fs::read_dir(root.join("tests/c"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "c"))
+        .collect();
+    sources.sort();
+    for src in sources {
+        let text = std::fs::read_to_string(&src)?;
+        let flags = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("// cflags:"))
+            .with_context(|| format!("{}: the first line must be `// cflags: ...`", src.display()))?;
+        let name = src.file_stem().unwrap().to_string_lossy().into_owned();
+        let mut args: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+        args.extend([
+            "-o".into(),
+            out.join(&name).display().to_string(),
+            src.display().to_string(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(root, "cc", &args)?;
+    }
+    Ok(())
 }
 
 pub fn is_root() -> bool {

@@ -23,18 +23,34 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 /// checked in a real browser). Installed with apt when missing and root;
 /// otherwise the tests that need it say they were skipped.
 pub fn test_tools(root: &Path) -> anyhow::Result<()> {
-    if Path::new("/usr/bin/chromium").exists() {
+    // Chromium opens the HTML report; perf is the unwinding tests' reference
+    // (perf record --call-graph dwarf on the same run), natively and in the
+    // test VMs (which get the host's perf).
+    let missing: Vec<&str> = [("/usr/bin/chromium", "chromium"), ("/usr/bin/perf", "linux-perf")]
+        .iter()
+        .filter(|(bin, _)| !Path::new(bin).exists())
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
     if !crate::is_root() {
-        eprintln!("xtask: no Chromium and not root: the browser test will be skipped");
+        eprintln!(
+            "xtask: not root, cannot install {}: the tests that need them will be skipped",
+            missing.join(", ")
+        );
         return Ok(());
     }
     let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
     let ok = crate::run_env(root, "apt-get", &["update", "-qq"], &env)
-        .and_then(|_| crate::run_env(root, "apt-get", &["install", "-y", "-qq", "chromium"], &env));
+        .and_then(|_| crate::run_env(root, "apt-get", &args, &env));
     if let Err(e) = ok {
-        eprintln!("xtask: could not install Chromium ({e:#}): the browser test will be skipped");
+        eprintln!(
+            "xtask: could not install {} ({e:#}): the tests that need them will be skipped",
+            missing.join(", ")
+        );
     }
     Ok(())
 }

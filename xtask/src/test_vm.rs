@@ -253,7 +253,16 @@ fn tools(root: &Path) -> anyhow::Result<()> {
 }
 
 fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+    which_in_path(bin).is_some()
+}
+
+/// Where `bin` is on PATH (a symlink's path, not its target's: the guest
+/// gets the file's contents under the name it is called by).
+fn which_in_path(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
 }
 
 fn cache_dir() -> anyhow::Result<PathBuf> {
@@ -483,9 +492,10 @@ fn build_initramfs(
     group: &Group,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
-    // The binaries, and the stall programs built without frame pointers
-    // (`cargo xtask build` puts them in target/nofp), at their host paths.
-    for dir in ["target/release", "target/nofp/release"] {
+    // The binaries, the stall programs built without frame pointers
+    // (`cargo xtask build` puts them in target/nofp) and the C ones
+    // (target/c), at their host paths.
+    for dir in ["target/release", "target/nofp/release", "target/c"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
             continue;
         };
@@ -497,6 +507,17 @@ fn build_initramfs(
             if is_exe && p.file_name().is_some_and(|n| n != "xtask") {
                 files.insert(p);
             }
+        }
+    }
+    // The binutils the unwind tests change binaries with (the guest has no
+    // compiler; the C programs come prebuilt from target/c), and perf, their
+    // reference.
+    for tool in ["objcopy", "readelf", "perf"] {
+        match which_in_path(tool) {
+            Some(p) => {
+                files.insert(p);
+            }
+            None => eprintln!("xtask: no {tool} here: the tests that need it will be SKIPPED in the VM"),
         }
     }
     let mut runs = Vec::new();

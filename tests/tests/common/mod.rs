@@ -251,20 +251,41 @@ pub fn free_port_pair() -> u16 {
     panic!("no free port pair on loopback");
 }
 
-/// Compiles C `source` into `dir/name` with `cc` and `flags`; `None` after
-/// printing SKIPPED when there is no working compiler.
-pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Option<PathBuf> {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
+/// The C stall program `tests/c/NAME.c` as a fresh copy in `dir`: the one
+/// `cargo xtask build` compiled into `target/c/` (the test VMs have no
+/// compiler), else compiled here with `cc` and the flags on its first line.
+/// `None` after printing SKIPPED when neither works.
+pub fn c_program(dir: &Path, name: &str) -> Option<PathBuf> {
     let bin = dir.join(name);
+    let built = stall_program(name)
+        .parent()
+        .and_then(Path::parent)
+        .map(|target| target.join("c").join(name));
+    if let Some(built) = built.filter(|p| p.is_file()) {
+        std::fs::copy(&built, &bin).unwrap();
+        return Some(bin);
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("c")
+        .join(format!("{name}.c"));
+    let text = std::fs::read_to_string(&src).unwrap_or_default();
+    let Some(flags) = text.lines().next().and_then(|l| l.strip_prefix("// cflags:")) else {
+        eprintln!(
+            "SKIPPED: {} is missing (and target/c/{name} was not built)",
+            src.display()
+        );
+        return None;
+    };
     let cc = Command::new("cc")
-        .args(flags)
+        .args(flags.split_whitespace())
         .arg("-o")
         .arg(&bin)
         .arg(&src)
         .status();
     if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: no C compiler (cc) to build {name}");
+        eprintln!(
+            "SKIPPED: no C compiler (cc) to build {name}, and no target/c/{name} (`cargo xtask build`)"
+        );
         return None;
     }
     Some(bin)
