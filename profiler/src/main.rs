@@ -80,11 +80,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
             let s = &outcome.summary;
             println!(
-                "slotprof host: {:.1} s, {} KVM invalidations ({} pages) in {} VM process(es), \
+                "slotprof host: {:.1} s, {} KVM invalidations ({} pages, {} of them guest RAM, \
+                 {} the VMs' own memory) in {} VM process(es), \
                  {} compaction runs, {} pages migrated, {} lost; ended by {}",
                 s.duration_s,
                 s.totals.invalidations,
                 s.totals.invalidated_pages,
+                s.totals.attributed_pages,
+                s.totals.vmm_own_pages,
                 s.vms.len(),
                 s.totals.compaction_runs,
                 s.totals.migrated,

@@ -151,6 +151,10 @@ pub struct Totals {
     pub attributed_pages: u64,
     pub ambiguous_pages: u64,
     pub unattributed_pages: u64,
+    /// Invalidated pages in a VM process's own memory (heap, stacks, code,
+    /// small buffers), not its guest RAM: no vCPU pays for them, so they
+    /// make no finding.
+    pub vmm_own_pages: u64,
     pub compaction_runs: u64,
     pub compaction_runs_by_source: BTreeMap<String, u64>,
     pub compaction_scanned: u64,
@@ -214,6 +218,14 @@ impl State {
                     Attribution::Vm(pid) => {
                         t.attributed_pages += pages;
                         pid
+                    }
+                    Attribution::VmmOwn(_) => {
+                        t.vmm_own_pages += pages;
+                        let s = self.series.at(sec);
+                        s.invalidations += 1;
+                        s.invalidated_pages += pages;
+                        *s.invalidated_by_source.entry(label).or_default() += pages;
+                        return;
                     }
                     Attribution::Ambiguous(pids) => {
                         t.ambiguous_pages += pages;
