@@ -58,7 +58,7 @@ pub struct LongInterval {
     #[serde(skip)]
     waker_task: Option<(String, u32)>,
     #[serde(skip)]
-    waker_kernel_stack_id: i32,
+    waker_context: i32,
 }
 
 /// How many of the longest intervals the summary lists.
@@ -69,6 +69,18 @@ const LONGEST_KEPT: usize = 20;
 /// frame says what it was. It contains "futex", which is what the gap
 /// detector's cause classification looks for.
 pub const FUTEX_WAIT_FRAME: &str = "[futex wait: kernel path not walked]_[k]";
+
+/// The kernel part of an off-CPU stack that began in an interruptible
+/// sleep inside a waiting system call (`profiler_ebpf::WAIT_SYSCALLS`):
+/// not walked, one frame names the call. Names carry what the gap
+/// detector's cause classification looks for ("nanosleep", "poll",
+/// "select").
+pub fn syscall_wait_frame(nr: i32) -> String {
+    match crate::syscalls::name(nr) {
+        Some(name) => format!("[{name} wait: kernel path not walked]_[k]"),
+        None => format!("[syscall {nr} wait: kernel path not walked]_[k]"),
+    }
+}
 
 /// Everything counted so far.
 #[derive(Default)]
@@ -229,7 +241,7 @@ impl Aggregator {
             state: start.state,
             waker_tid: 0,
             waker_tgid: 0,
-            waker_kernel_stack_id: -1,
+            waker_context: -1,
             comm: c,
             waker_comm: [0; COMM_LEN],
             woken_ns: 0,
@@ -250,7 +262,7 @@ impl Aggregator {
             waker: None,
             cut_at_end,
             waker_task: (o.waker_tid != 0).then(|| (comm_str(&o.waker_comm), o.waker_tid)),
-            waker_kernel_stack_id: o.waker_kernel_stack_id,
+            waker_context: o.waker_context,
         };
         let at = self.longest.partition_point(|l| l.duration_ns >= ns);
         self.longest.insert(at, item);
@@ -265,12 +277,11 @@ impl Aggregator {
             .map(|(_, k)| k)
             .chain(self.interval_log.iter().map(|i| &i.key));
         keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
-            .chain(self.longest.iter().map(|l| l.waker_kernel_stack_id))
             .chain(self.madvise_log.iter().map(|m| m.user_stack_id))
             .chain(
                 self.futex_log
                     .iter()
-                    .flat_map(|f| [f.user_stack_id, f.waker_user_stack_id, f.waker_kernel_stack_id]),
+                    .flat_map(|f| [f.user_stack_id, f.waker_user_stack_id]),
             )
             .filter(|&id| id >= 0)
             .collect()
@@ -288,23 +299,10 @@ impl Aggregator {
     }
 
     /// The longest off-CPU intervals, longest first, with their wakers named.
-    pub fn longest_intervals(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Vec<LongInterval> {
+    pub fn longest_intervals(&self) -> Vec<LongInterval> {
         let mut out = self.longest.clone();
         for l in &mut out {
-            // -1: not taken (a sleep too short for the waker's stacks).
-            let id = l.waker_kernel_stack_id;
-            let frames: Option<Vec<String>> = if id == -1 {
-                Some(Vec::new())
-            } else {
-                stacks.get(&id).map(|addrs| {
-                    let named = addrs
-                        .iter()
-                        .enumerate()
-                        .flat_map(|(i, &a)| sym.kernel_frame(a, i > 0));
-                    named.collect()
-                })
-            };
-            l.waker = describe_waker(l.waker_task.as_ref(), frames.as_deref());
+            l.waker = describe_waker(l.waker_task.as_ref(), l.waker_context);
         }
         out
     }
@@ -426,37 +424,33 @@ impl Aggregator {
     }
 }
 
-/// Names a waker from the task that was current at the wakeup and the
-/// kernel stack of the wakeup (leaf first).
-/// `kernel_frames` is `None` when the waker's kernel stack was lost (a
-/// stack-map collision): the task is then named with "(stack lost)".
-fn describe_waker(task: Option<&(String, u32)>, kernel_frames: Option<&[String]>) -> Option<String> {
-    let Some(kernel_frames) = kernel_frames else {
-        let (comm, tid) = task?;
-        return Some(format!("{comm}/{tid} (stack lost)"));
-    };
-    let in_interrupt = kernel_frames.iter().any(|f| {
-        f.starts_with("asm_sysvec_")
-            || f.starts_with("asm_common_interrupt")
-            || f.contains("softirq")
-            || f.starts_with("hrtimer_interrupt")
-            || f.starts_with("__sysvec_")
-    });
-    if in_interrupt {
-        let timer = kernel_frames
-            .iter()
-            .any(|f| f.starts_with("hrtimer_wakeup") || f.contains("timer"));
-        return Some(if timer { "timer" } else { "interrupt" }.to_string());
+/// Names a waker from the task that was current at the wakeup and where
+/// the wakeup ran (`profiler_ebpf::waker`): in an interrupt the current
+/// task is only whoever was interrupted, and is not named.
+fn describe_waker(task: Option<&(String, u32)>, context: i32) -> Option<String> {
+    use profiler_ebpf::waker;
+    match context {
+        waker::NOT_TAKEN => task.map(|(comm, tid)| format!("{comm}/{tid}")),
+        waker::TIMER => Some("timer".into()),
+        waker::HARDIRQ => Some("interrupt".into()),
+        waker::SOFTIRQ => Some("softirq".into()),
+        waker::KERNEL_THREAD => task.map(|(comm, tid)| format!("{comm}/{tid} (kernel thread)")),
+        nr if nr >= 0 => {
+            let (comm, tid) = task?;
+            Some(match crate::syscalls::name(nr) {
+                Some(sc) => format!("{comm}/{tid} ({sc})"),
+                None => format!("{comm}/{tid} (syscall {nr})"),
+            })
+        }
+        _ => task.map(|(comm, tid)| format!("{comm}/{tid}")),
     }
-    let (comm, tid) = task?;
-    let syscall = kernel_frames.iter().find_map(|f| {
-        f.strip_prefix("__x64_sys_")
-            .or_else(|| f.strip_prefix("__arm64_sys_"))
-    });
-    Some(match syscall {
-        Some(sc) => format!("{comm}/{tid} ({sc})"),
-        None => format!("{comm}/{tid}"),
-    })
+}
+
+/// Whether a wakeup in `context` came from the task that was current (not
+/// from an interrupt that only found it running).
+pub fn waker_is_task(context: i32) -> bool {
+    use profiler_ebpf::waker;
+    context >= 0 || context == waker::TASK || context == waker::KERNEL_THREAD || context == waker::NOT_TAKEN
 }
 
 /// Turns stack ids into frames, root first, caching each stack.
@@ -516,6 +510,8 @@ impl<'a> StackNamer<'a> {
         let side = if kernel { "kernel" } else { "user" };
         let frames = if kernel && id == KERNEL_STACK_FUTEX_WAIT {
             vec![FUTEX_WAIT_FRAME.to_string()]
+        } else if let Some(nr) = kernel.then(|| profiler_ebpf::syscall_wait_nr(id)).flatten() {
+            vec![syscall_wait_frame(nr)]
         } else if id < 0 {
             // -EFAULT etc. means "no stack of this kind" (a sample in user
             // mode has no kernel stack): nothing to show.
@@ -566,37 +562,36 @@ mod tests {
 
     #[test]
     fn wakers_in_interrupt_context_are_not_blamed_on_the_interrupted_task() {
+        use profiler_ebpf::waker;
         let task = ("hot".to_string(), 7);
-        let frames = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let timer = frames(&[
-            "try_to_wake_up",
-            "hrtimer_wakeup",
-            "__hrtimer_run_queues",
-            "hrtimer_interrupt",
-            "__sysvec_apic_timer_interrupt",
-            "asm_sysvec_apic_timer_interrupt",
-        ]);
         assert_eq!(
-            describe_waker(Some(&task), Some(&timer)).as_deref(),
+            describe_waker(Some(&task), waker::TIMER).as_deref(),
             Some("timer")
         );
-        let futex = frames(&[
-            "try_to_wake_up",
-            "wake_up_q",
-            "futex_wake",
-            "do_futex",
-            "__x64_sys_futex",
-            "do_syscall_64",
-        ]);
         assert_eq!(
-            describe_waker(Some(&task), Some(&futex)).as_deref(),
+            describe_waker(Some(&task), waker::HARDIRQ).as_deref(),
+            Some("interrupt")
+        );
+        assert_eq!(
+            describe_waker(Some(&task), waker::SOFTIRQ).as_deref(),
+            Some("softirq")
+        );
+        assert_eq!(
+            describe_waker(Some(&task), libc::SYS_futex as i32).as_deref(),
             Some("hot/7 (futex)")
         );
-        assert_eq!(describe_waker(None, Some(&[])), None);
         assert_eq!(
-            describe_waker(Some(&task), None).as_deref(),
-            Some("hot/7 (stack lost)")
+            describe_waker(Some(&task), 100_000).as_deref(),
+            Some("hot/7 (syscall 100000)")
         );
+        assert_eq!(describe_waker(Some(&task), waker::TASK).as_deref(), Some("hot/7"));
+        assert_eq!(
+            describe_waker(Some(&task), waker::KERNEL_THREAD).as_deref(),
+            Some("hot/7 (kernel thread)")
+        );
+        assert_eq!(describe_waker(None, libc::SYS_futex as i32), None);
+        assert!(!waker_is_task(waker::TIMER) && !waker_is_task(waker::SOFTIRQ));
+        assert!(waker_is_task(libc::SYS_write as i32) && waker_is_task(waker::TASK));
     }
 
     fn comm(s: &str) -> [u8; COMM_LEN] {
@@ -618,7 +613,7 @@ mod tests {
             state,
             waker_tid: 9,
             waker_tgid: 1,
-            waker_kernel_stack_id: -1,
+            waker_context: -1,
             comm: comm("sleeper"),
             waker_comm: comm("waker"),
             woken_ns: 0,
@@ -650,7 +645,7 @@ mod tests {
         assert_eq!(p.offcpu.total(), 3_000);
         assert_eq!(p.offcpu.total_where(|f| f.starts_with("[preempted")), 1_000);
         assert!(p.offcpu.total_where(|f| f == "[kernel stack missing]") == 3_000);
-        let longest = agg.longest_intervals(&StackTable::new(), &mut sym);
+        let longest = agg.longest_intervals();
         assert_eq!(longest[0].duration_ns, 2_000);
         assert_eq!(longest[0].waker.as_deref(), Some("waker/9"));
         assert_eq!(agg.threads()[0].comm, "hot");

@@ -23,9 +23,9 @@ impl Event {
     pub fn stack_ids(&self) -> Vec<i32> {
         match self {
             Event::Sample(s) => vec![s.user_stack_id, s.kernel_stack_id],
-            Event::OffCpu(o) => vec![o.user_stack_id, o.kernel_stack_id, o.waker_kernel_stack_id],
+            Event::OffCpu(o) => vec![o.user_stack_id, o.kernel_stack_id],
             Event::Madvise(m) => vec![m.user_stack_id],
-            Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id, f.waker_kernel_stack_id],
+            Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id],
             Event::Host(h) => vec![h.kernel_stack_id],
             Event::SlotMark(_) | Event::LoopMark(_) | Event::UserRegs(_) => Vec::new(),
         }

@@ -123,6 +123,16 @@ struct Start(OffCpuStart);
 // SAFETY: repr(C) plain data, every bit pattern valid.
 unsafe impl Pod for Start {}
 
+/// The interrupt nesting probes, exits before entries.
+pub const IRQ_NESTING_PROBES: [(&str, &str, &str); 6] = [
+    ("slotprof_hardirq_exit", "irq", "irq_handler_exit"),
+    ("slotprof_softirq_exit", "irq", "softirq_exit"),
+    ("slotprof_hrtimer_exit", "timer", "hrtimer_expire_exit"),
+    ("slotprof_hardirq_entry", "irq", "irq_handler_entry"),
+    ("slotprof_softirq_entry", "irq", "softirq_entry"),
+    ("slotprof_hrtimer_entry", "timer", "hrtimer_expire_entry"),
+];
+
 /// The loaded and attached probes.
 pub struct Probes {
     ebpf: Ebpf,
@@ -143,6 +153,14 @@ impl Probes {
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
             attach_btf_tracepoint(&mut ebpf, "slotprof_switch", "sched", "sched_switch"),
+        ];
+        // Interrupt nesting per CPU, for the wakeup probe to tell a wakeup
+        // by a timer, a device or a softirq from a task's. Exits first, so
+        // no entry is counted without its exit.
+        for (program, category, name) in IRQ_NESTING_PROBES {
+            status.push(attach_btf_tracepoint(&mut ebpf, program, category, name));
+        }
+        status.extend([
             // sched_waking runs in the waker's context; sched_wakeup may run
             // on the target CPU from an IPI, where `current` is unrelated.
             attach_tracepoint(
@@ -150,7 +168,7 @@ impl Probes {
                 "slotprof_waking",
                 &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
             ),
-        ];
+        ]);
         // Every system call's exit, in one program: deferred user stacks
         // of off-CPU intervals are copied there, and it ends the futex and
         // madvise calls the detectors see (see syscalls.rs for why one).

@@ -300,7 +300,7 @@ pub async fn run(
     drop(probes);
 
     let profiles = agg.resolve(&stacks, &mut sym);
-    let longest_offcpu = agg.longest_intervals(&stacks, &mut sym);
+    let longest_offcpu = agg.longest_intervals();
     let subtitle = format!(
         "{} (pid {}), {:.1} s at {} Hz, slotprof {}",
         target.comm,

@@ -623,7 +623,7 @@ mod tests {
             state: 1,
             waker_tid: 0,
             waker_tgid: 0,
-            waker_kernel_stack_id: -1,
+            waker_context: -1,
             comm: [0; COMM_LEN],
             waker_comm: [0; COMM_LEN],
             woken_ns: 0,

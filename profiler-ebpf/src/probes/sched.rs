@@ -15,9 +15,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use profiler_ebpf::{
-    counter, stack_for, EventKind, KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval,
-    OffCpuStart, COMM_LEN, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_FUTEX_WAIT, KERNEL_STACK_INLINE,
-    MAX_STACK_DEPTH, TASK_INTERRUPTIBLE, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
+    counter, is_wait_syscall, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
+    KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
+    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_FUTEX_WAIT, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT,
+    MAX_STACK_DEPTH, TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
 };
 
 use super::{
@@ -86,7 +87,7 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
             (*p).last_waker = LastWaker {
                 tid: start.waker_tid,
                 user_stack_id: start.waker_user_stack_id,
-                kernel_stack_id: start.waker_kernel_stack_id,
+                context: start.waker_context,
                 _pad: 0,
                 comm: start.waker_comm,
             };
@@ -108,7 +109,7 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
-    let in_futex_wait = state == TASK_INTERRUPTIBLE
+    let in_futex_wait = sleeps_interruptible(state)
         && FUTEX_START
             .get_ptr(&tid)
             .is_some_and(|f| unsafe { (*f).start_ns } != 0);
@@ -156,7 +157,7 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
             (*p).waker_tid = 0;
             (*p).waker_tgid = 0;
             (*p).tgid = tgid;
-            (*p).waker_kernel_stack_id = -1;
+            (*p).waker_context = waker::NOT_TAKEN;
             (*p).waker_user_stack_id = -1;
             (*p).woken_ns = 0;
             // Last: a wakeup on another CPU looks at this first.
@@ -174,7 +175,7 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
                 waker_tid: 0,
                 waker_tgid: 0,
                 tgid,
-                waker_kernel_stack_id: -1,
+                waker_context: waker::NOT_TAKEN,
                 waker_user_stack_id: -1,
                 woken_ns: 0,
                 waker_comm: [0; COMM_LEN],
@@ -182,7 +183,7 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
                 last_waker: LastWaker {
                     tid: 0,
                     user_stack_id: -1,
-                    kernel_stack_id: -1,
+                    context: waker::NOT_TAKEN,
                     _pad: 0,
                     comm: [0; COMM_LEN],
                 },
@@ -202,13 +203,23 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
 #[inline(always)]
 fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, start: &OffCpuStart, now: u64) {
     let mut user_stack_id = start.user_stack_id;
+    let mut kernel_stack_id = start.kernel_stack_id;
+    // A blocked thread's registers, read once: its stack pointer for the
+    // copy at the system call's exit, its call for the kernel stack.
+    let regs = if start.user_sp == 0
+        && (user_stack_id == USER_STACK_NEXT || kernel_stack_id == KERNEL_STACK_AT_SWITCH_IN)
+    {
+        user_regs_of(next)
+    } else {
+        None
+    };
     if user_stack_id == USER_STACK_NEXT {
         // Its stack is copied at its system call's exit, where its stack
         // pointer must still be the one saved when it entered the kernel.
         let sp = if start.user_sp != 0 {
             start.user_sp
         } else {
-            match user_regs_of(next) {
+            match regs {
                 Some(r) if r.in_syscall => r.sp,
                 // Asleep outside a system call (a page fault): no exit to
                 // copy it at.
@@ -221,9 +232,13 @@ fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, sta
             user_stack_id = -14;
         }
     }
-    let mut kernel_stack_id = start.kernel_stack_id;
     if kernel_stack_id == KERNEL_STACK_AT_SWITCH_IN {
-        kernel_stack_id = send_kernel_stack(next, tid, start.start_ns);
+        kernel_stack_id = match regs {
+            Some(r) if sleeps_interruptible(start.state) && r.in_syscall && is_wait_syscall(r.syscall_nr) => {
+                KERNEL_STACK_SYSCALL_WAIT - r.syscall_nr
+            }
+            _ => send_kernel_stack(next, tid, start.start_ns),
+        };
     }
     let Some(mut entry) = EVENTS.reserve::<OffCpuInterval>(0) else {
         count(counter::RING_FULL);
@@ -246,14 +261,14 @@ fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, sta
         state: start.state,
         waker_tid: start.waker_tid,
         waker_tgid: start.waker_tgid,
-        waker_kernel_stack_id: start.waker_kernel_stack_id,
+        waker_context: start.waker_context,
         comm,
         waker_comm: start.waker_comm,
         woken_ns: start.woken_ns,
     });
     entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
-    count_lost_stacks(&[kernel_stack_id, start.waker_kernel_stack_id]);
+    count_lost_stacks(&[kernel_stack_id]);
 }
 
 /// Walks the kernel stack of `task` (asleep) and sends it as the record
@@ -310,37 +325,121 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
         return 0; // on a CPU (or about to leave it): no interval to end
     }
     // `current` is the waker when the wakeup comes from a task; in a timer
-    // or device interrupt it is whoever was interrupted. The kernel stack
-    // tells which (userspace reads it only for the intervals it reports).
-    // Only a sleep already long enough to be reported, or nearly (half the
-    // smaller minimum: the wait for a CPU after the wakeup can make up the
-    // rest), gets the waker's stacks: most wakeups end short sleeps, and
-    // two stack walks were most of what this program cost.
+    // or device interrupt it is whoever was interrupted. The per-CPU
+    // interrupt nesting tells which, and the task's saved registers which
+    // system call it was in. Only a sleep already long enough to be
+    // reported, or nearly (half the smaller minimum: the wait for a CPU
+    // after the wakeup can make up the rest), gets its waker described:
+    // most wakeups end short sleeps.
     let pid_tgid = bpf_get_current_pid_tgid();
     let now = unsafe { bpf_ktime_get_ns() };
     let asleep = now.saturating_sub(unsafe { (*start).start_ns });
     // The waker's user stack only for a thread in a futex wait: only the
     // futex record (lock contention: who held the lock) carries it.
-    let (waker_kernel_stack_id, waker_user_stack_id) = if asleep >= waker_stack_min_ns() {
+    let (waker_context, waker_user_stack_id) = if asleep >= waker_stack_min_ns() {
+        let context = wakeup_context();
         let in_futex = FUTEX_START
             .get_ptr(&(pid as u32))
             .is_some_and(|f| unsafe { (*f).start_ns } != 0);
-        let user = if in_futex {
+        // The waker's user stack only from a task (in an interrupt it is
+        // whoever was interrupted).
+        let user = if in_futex && (context >= 0 || context == waker::TASK) {
             stack_id(&ctx, BPF_F_USER_STACK)
         } else {
             -1
         };
-        (stack_id(&ctx, 0), user)
+        (context, user)
     } else {
-        (-1, -1)
+        (waker::NOT_TAKEN, -1)
     };
     unsafe {
         (*start).woken_ns = now;
-        (*start).waker_kernel_stack_id = waker_kernel_stack_id;
+        (*start).waker_context = waker_context;
         (*start).waker_user_stack_id = waker_user_stack_id;
         (*start).waker_tid = pid_tgid as u32;
         (*start).waker_tgid = (pid_tgid >> 32) as u32;
         (*start).waker_comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
     }
     0
+}
+
+/// Interrupt nesting of each CPU: the wakeup probe reads it to tell a
+/// wakeup from a timer, a device or a softirq (where `current` is only the
+/// interrupted task) from a task's own.
+#[map]
+static IRQ_NESTING: PerCpuArray<IrqNesting> = PerCpuArray::with_max_entries(1, 0);
+
+/// `field` of this CPU's nesting, changed by `f` (saturating: a probe
+/// attached mid-interrupt sees an exit without its entry).
+#[inline(always)]
+fn nesting(f: impl FnOnce(&mut IrqNesting)) -> u32 {
+    if let Some(n) = IRQ_NESTING.get_ptr_mut(0) {
+        f(unsafe { &mut *n });
+    }
+    0
+}
+
+#[btf_tracepoint(function = "irq_handler_entry")]
+pub fn slotprof_hardirq_entry(_ctx: BtfTracePointContext) -> u32 {
+    nesting(|n| n.hardirq += 1)
+}
+
+#[btf_tracepoint(function = "irq_handler_exit")]
+pub fn slotprof_hardirq_exit(_ctx: BtfTracePointContext) -> u32 {
+    nesting(|n| n.hardirq = n.hardirq.saturating_sub(1))
+}
+
+#[btf_tracepoint(function = "hrtimer_expire_entry")]
+pub fn slotprof_hrtimer_entry(_ctx: BtfTracePointContext) -> u32 {
+    nesting(|n| n.hrtimer += 1)
+}
+
+#[btf_tracepoint(function = "hrtimer_expire_exit")]
+pub fn slotprof_hrtimer_exit(_ctx: BtfTracePointContext) -> u32 {
+    nesting(|n| n.hrtimer = n.hrtimer.saturating_sub(1))
+}
+
+#[btf_tracepoint(function = "softirq_entry")]
+pub fn slotprof_softirq_entry(ctx: BtfTracePointContext) -> u32 {
+    let vec: u32 = ctx.arg(0);
+    nesting(|n| {
+        n.softirq += 1;
+        n.softirq_vecs |= 1u32.wrapping_shl(vec & 31);
+    })
+}
+
+#[btf_tracepoint(function = "softirq_exit")]
+pub fn slotprof_softirq_exit(ctx: BtfTracePointContext) -> u32 {
+    let vec: u32 = ctx.arg(0);
+    nesting(|n| {
+        n.softirq = n.softirq.saturating_sub(1);
+        n.softirq_vecs &= !1u32.wrapping_shl(vec & 31);
+    })
+}
+
+/// Where the running wakeup is ([`waker`]): an interrupt from this CPU's
+/// nesting, else the current task's system call from its saved registers.
+#[inline(always)]
+fn wakeup_context() -> i32 {
+    if let Some(n) = IRQ_NESTING.get_ptr(0) {
+        let n = unsafe { *n };
+        if n.hrtimer > 0 {
+            return waker::TIMER;
+        }
+        if n.hardirq > 0 {
+            return waker::HARDIRQ;
+        }
+        if n.softirq > 0 {
+            return if n.softirq_vecs & TIMER_SOFTIRQS != 0 {
+                waker::TIMER
+            } else {
+                waker::SOFTIRQ
+            };
+        }
+    }
+    match user_regs_now() {
+        None => waker::KERNEL_THREAD,
+        Some(r) if r.in_syscall && r.syscall_nr >= 0 => r.syscall_nr,
+        Some(_) => waker::TASK,
+    }
 }

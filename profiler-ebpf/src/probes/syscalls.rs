@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_ebpf::{
-    counter, futex_op_waits, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall, MadviseStart,
+    counter, futex_op_waits, waker, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall, MadviseStart,
     COMM_LEN, USER_STACK_NEXT,
 };
 
@@ -183,11 +183,11 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         return false;
     };
     let (waker_tid, wu, wk, wcomm) = match waker {
-        Some(w) => (w.tid, w.user_stack_id, w.kernel_stack_id, w.comm),
-        None => (0, -1, -1, [0; COMM_LEN]),
+        Some(w) => (w.tid, w.user_stack_id, w.context, w.comm),
+        None => (0, -1, waker::NOT_TAKEN, [0; COMM_LEN]),
     };
     let user_stack_id = USER_STACK_NEXT;
-    count_lost_stacks(&[wu, wk]);
+    count_lost_stacks(&[wu]);
     entry.write(FutexWait {
         kind: EventKind::FutexWait as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -201,7 +201,7 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
         waker_tid,
         waker_user_stack_id: wu,
-        waker_kernel_stack_id: wk,
+        waker_context: wk,
         _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         waker_comm: wcomm,

@@ -50,6 +50,8 @@ pub struct UserRegsNow {
     /// instruction put there. Interrupts store -1 in `orig_ax`; exceptions
     /// store an error code, but not the return address in `cx`.
     pub in_syscall: bool,
+    /// The system call number when `in_syscall`.
+    pub syscall_nr: i32,
 }
 
 #[inline(always)]
@@ -75,6 +77,7 @@ pub fn user_regs_of(task: *mut task_struct) -> Option<UserRegsNow> {
         sp: r[reg::RSP],
         bp: r[reg::RBP],
         in_syscall: (r[reg::ORIG_RAX] as i64) >= 0 && r[reg::RCX] == r[reg::RIP],
+        syscall_nr: r[reg::ORIG_RAX] as i32,
     })
 }
 
@@ -177,6 +180,7 @@ pub fn send_no_stack(why: u32) {
         sp: 0,
         bp: 0,
         in_syscall: false,
+        syscall_nr: -1,
     };
     send_user_stack(&regs, why, 0);
 }

@@ -268,7 +268,7 @@ pub(crate) mod test_support {
             ret: 0,
             waker_tid: waker,
             waker_user_stack_id: if waker != 0 { 90 } else { -1 },
-            waker_kernel_stack_id: -1,
+            waker_context: -1,
             _pad: 0,
             comm: comm("waiter"),
             waker_comm: comm("holder"),
