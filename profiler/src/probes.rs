@@ -150,15 +150,16 @@ impl Probes {
     pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
         let mut ebpf = open(config.tgid, config.min_offcpu, true)?;
 
+        let btf = kernel_btf();
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
-            attach_btf_tracepoint(&mut ebpf, "slotprof_switch", "sched", "sched_switch"),
+            attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_switch", "sched", "sched_switch"),
         ];
         // Interrupt nesting per CPU, for the wakeup probe to tell a wakeup
         // by a timer, a device or a softirq from a task's. Exits first, so
         // no entry is counted without its exit.
         for (program, category, name) in IRQ_NESTING_PROBES {
-            status.push(attach_btf_tracepoint(&mut ebpf, program, category, name));
+            status.push(attach_btf_tracepoint(&mut ebpf, &btf, program, category, name));
         }
         status.extend([
             // sched_waking runs in the waker's context; sched_wakeup may run
@@ -572,17 +573,29 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str
 
 /// A BTF tracepoint (`tp_btf`): the program gets the tracepoint's own
 /// arguments (task pointers included), checked against the kernel's BTF.
-fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str, category: &str, name: &str) -> ProbeStatus {
+fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    btf: &anyhow::Result<aya::Btf>,
+    program: &'static str,
+    category: &str,
+    name: &str,
+) -> ProbeStatus {
     let result = (|| -> anyhow::Result<()> {
-        let btf = aya::Btf::from_sys_fs().context(
-            "cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): slotprof needs CONFIG_DEBUG_INFO_BTF=y",
-        )?;
+        let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let prog: &mut BtfTracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
-        prog.load(name, &btf)?;
+        prog.load(name, btf)?;
         prog.attach()?;
         Ok(())
     })();
     status(program, format!("{category}:{name}"), result)
+}
+
+/// The kernel's BTF, parsed once for every `tp_btf` program (parsing it
+/// takes seconds in an emulated test VM).
+fn kernel_btf() -> anyhow::Result<aya::Btf> {
+    aya::Btf::from_sys_fs().context(
+        "cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): slotprof needs CONFIG_DEBUG_INFO_BTF=y",
+    )
 }
 
 fn attach_uprobe(

@@ -238,8 +238,9 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
         "left over from before this test"
     );
     let dir = scratch("detach");
+    // Long enough for two sessions in an emulated test VM (killed at the end).
     let mut target = Command::new(stall_program("stall-spin-sleep"))
-        .args(["--seconds", "30"])
+        .args(["--seconds", "300"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

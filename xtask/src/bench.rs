@@ -226,6 +226,41 @@ const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
 const OVERHEAD_HEADING: &str = "## Overhead on a CPU-bound PoH loop: slotprof and perf";
 const USERSPACE_HEADING: &str = "## The aggregator and the symbolizer (userspace, one core)";
 
+/// Which commit a section was measured at: the short hash, and whether the
+/// work tree had changes on top of it.
+fn commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(hash) = git(&["rev-parse", "--short=7", "HEAD"]) else {
+        return "an unknown commit (not a git checkout)".into();
+    };
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "commit `{hash}`{} ({date})",
+        if dirty { " with uncommitted changes" } else { "" }
+    )
+}
+
+/// A section with the commit it was measured at under its heading.
+fn stamped(root: &Path, section: String) -> String {
+    match section.split_once('\n') {
+        Some((heading, rest)) => format!("{heading}\n\nMeasured at {}.\n{rest}", commit(root)),
+        None => section,
+    }
+}
+
 /// `md` with the section under `heading` replaced by `section` (inserted
 /// before "## Reproduce" when it is not there yet).
 fn splice(md: &str, heading: &str, section: &str) -> String {
@@ -276,7 +311,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                 bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace or run");
             };
             // Just this section, spliced into the existing file.
-            let section = f(root, &scratch)?;
+            let section = stamped(root, f(root, &scratch)?);
             let _ = std::fs::remove_dir_all(&scratch);
             let path = root.join("BENCHMARKS.md");
             let md = std::fs::read_to_string(&path).unwrap_or_default();
@@ -293,12 +328,12 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         machine()
     );
     let _ = writeln!(md, "This machine is a noisy VM: each comparison runs its variants interleaved, {ROUNDS} rounds of {SECONDS} s, and reports medians; the probes' own cost is the kernel's accounting (`--probe-stats`, BPF_ENABLE_STATS).\n");
-    md.push_str(&storm_section(root, &scratch)?);
-    md.push_str(&overhead_section(root, &scratch)?);
-    md.push_str(&userspace_section(root, &scratch)?);
-    md.push_str(&phase_probe_section(root, &scratch)?);
-    md.push_str(&host_section(root, &scratch)?);
-    md.push_str(&run_section(root, &scratch)?);
+    md.push_str(&stamped(root, storm_section(root, &scratch)?));
+    md.push_str(&stamped(root, overhead_section(root, &scratch)?));
+    md.push_str(&stamped(root, userspace_section(root, &scratch)?));
+    md.push_str(&stamped(root, phase_probe_section(root, &scratch)?));
+    md.push_str(&stamped(root, host_section(root, &scratch)?));
+    md.push_str(&stamped(root, run_section(root, &scratch)?));
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
