@@ -78,6 +78,12 @@ pub async fn run(
     mut target: Target,
     mut held: Option<HeldChild>,
 ) -> anyhow::Result<Outcome> {
+    // First: a Ctrl-C or SIGTERM while the probes load (seconds in an
+    // emulated VM, most of a second on a validator's 77 MB executable) ends
+    // the session at its first turn, with its outputs; a listener made
+    // later would not see it.
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     // The slot source runs beside the session and logs what it sees.
     let slot_log = SharedSlotLog::default();
     let source_task = match &opts.slot_source {
@@ -164,8 +170,6 @@ pub async fn run(
     };
     let progress = std::io::stderr().is_terminal();
     let mut agg = Aggregator::new();
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut ticks = 0u64;
