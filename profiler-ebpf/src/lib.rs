@@ -521,6 +521,14 @@ pub mod waker {
     pub const KERNEL_THREAD: i32 = -5;
     /// A task outside any system call (a page fault, an exception).
     pub const TASK: i32 = -6;
+
+    /// Whether the wakeup came from the task that was current (in a
+    /// system call or not, a kernel thread included), not from an
+    /// interrupt that only found it running.
+    #[inline(always)]
+    pub const fn is_task(context: i32) -> bool {
+        context >= 0 || context == TASK || context == KERNEL_THREAD
+    }
 }
 
 /// Softirq vectors that run timers (`TIMER_SOFTIRQ`, `HRTIMER_SOFTIRQ`).
@@ -601,12 +609,6 @@ pub mod counter {
     pub const COUNT: u32 = 15;
 }
 
-/// Kernel stack id of an off-CPU interval that began in a futex wait: the
-/// kernel walk is skipped there (the path is always the futex syscall's
-/// wait; walking it was most of what a switch-out cost). Userspace shows
-/// it as one frame saying so. Never a real id (those are >= 0) nor an errno.
-pub const KERNEL_STACK_FUTEX_WAIT: i32 = -10_000;
-
 /// Kernel stack id of an interval that began in an interruptible sleep
 /// inside one of [`WAIT_SYSCALLS`]: `KERNEL_STACK_SYSCALL_WAIT - nr`. The
 /// kernel path of such a sleep is always that call's wait (ep_poll,
@@ -617,10 +619,12 @@ pub const KERNEL_STACK_FUTEX_WAIT: i32 = -10_000;
 pub const KERNEL_STACK_SYSCALL_WAIT: i32 = -11_000;
 
 /// x86-64 system calls whose interruptible sleep is always the call's own
-/// wait: nanosleep, clock_nanosleep, epoll_wait, epoll_pwait, epoll_pwait2,
-/// poll, ppoll, select, pselect6, pause, wait4, waitid, rt_sigtimedwait,
-/// rt_sigsuspend.
-pub const WAIT_SYSCALLS: [i32; 14] = [35, 230, 232, 281, 441, 7, 271, 23, 270, 34, 61, 247, 128, 130];
+/// wait: futex, futex_waitv, nanosleep, clock_nanosleep, epoll_wait,
+/// epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6, pause, wait4,
+/// waitid, rt_sigtimedwait, rt_sigsuspend.
+pub const WAIT_SYSCALLS: [i32; 16] = [
+    202, 449, 35, 230, 232, 281, 441, 7, 271, 23, 270, 34, 61, 247, 128, 130,
+];
 
 /// Whether `nr` is one of [`WAIT_SYSCALLS`].
 #[inline(always)]

@@ -9,7 +9,6 @@ use std::collections::{HashMap, HashSet};
 use flamegraphs::Folded;
 use profiler_ebpf::{
     stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
-    KERNEL_STACK_FUTEX_WAIT,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;
@@ -63,12 +62,6 @@ pub struct LongInterval {
 
 /// How many of the longest intervals the summary lists.
 const LONGEST_KEPT: usize = 20;
-
-/// The kernel part of an off-CPU stack that began in a futex wait: the
-/// probe does not walk that path (always the futex syscall's wait), so one
-/// frame says what it was. It contains "futex", which is what the gap
-/// detector's cause classification looks for.
-pub const FUTEX_WAIT_FRAME: &str = "[futex wait: kernel path not walked]_[k]";
 
 /// The kernel part of an off-CPU stack that began in an interruptible
 /// sleep inside a waiting system call (`profiler_ebpf::WAIT_SYSCALLS`):
@@ -450,7 +443,7 @@ fn describe_waker(task: Option<&(String, u32)>, context: i32) -> Option<String> 
 /// from an interrupt that only found it running).
 pub fn waker_is_task(context: i32) -> bool {
     use profiler_ebpf::waker;
-    context >= 0 || context == waker::TASK || context == waker::KERNEL_THREAD || context == waker::NOT_TAKEN
+    context == waker::NOT_TAKEN || waker::is_task(context)
 }
 
 /// Turns stack ids into frames, root first, caching each stack.
@@ -508,9 +501,7 @@ impl<'a> StackNamer<'a> {
             return f.clone();
         }
         let side = if kernel { "kernel" } else { "user" };
-        let frames = if kernel && id == KERNEL_STACK_FUTEX_WAIT {
-            vec![FUTEX_WAIT_FRAME.to_string()]
-        } else if let Some(nr) = kernel.then(|| profiler_ebpf::syscall_wait_nr(id)).flatten() {
+        let frames = if let Some(nr) = kernel.then(|| profiler_ebpf::syscall_wait_nr(id)).flatten() {
             vec![syscall_wait_frame(nr)]
         } else if id < 0 {
             // -EFAULT etc. means "no stack of this kind" (a sample in user

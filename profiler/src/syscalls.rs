@@ -103,6 +103,8 @@ mod tests {
     #[test]
     fn the_wait_syscalls_are_the_ones_named() {
         let want = [
+            libc::SYS_futex,
+            libc::SYS_futex_waitv,
             libc::SYS_nanosleep,
             libc::SYS_clock_nanosleep,
             libc::SYS_epoll_wait,
@@ -128,7 +130,7 @@ mod tests {
         }
         assert_eq!(profiler_ebpf::syscall_wait_nr(-14), None);
         assert_eq!(
-            profiler_ebpf::syscall_wait_nr(profiler_ebpf::KERNEL_STACK_FUTEX_WAIT),
+            profiler_ebpf::syscall_wait_nr(profiler_ebpf::KERNEL_STACK_INLINE),
             None
         );
         assert_eq!(
@@ -138,6 +140,7 @@ mod tests {
         use crate::detectors::main_loop_gap::blocked_on;
         let frame = |n: i64| vec![crate::aggregate::syscall_wait_frame(n as i32)];
         assert_eq!(blocked_on(&frame(libc::SYS_nanosleep)), "sleep");
+        assert_eq!(blocked_on(&frame(libc::SYS_futex)), "lock wait (futex)");
         assert_eq!(blocked_on(&frame(libc::SYS_epoll_wait)), "poll/epoll");
         assert_eq!(blocked_on(&frame(libc::SYS_pselect6)), "poll/epoll");
     }

@@ -17,8 +17,8 @@ use aya_ebpf::{
 use profiler_ebpf::{
     counter, is_wait_syscall, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
     KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
-    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_FUTEX_WAIT, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT,
-    MAX_STACK_DEPTH, TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
+    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
+    TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
 };
 
 use super::{
@@ -109,18 +109,10 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
-    let in_futex_wait = sleeps_interruptible(state)
-        && FUTEX_START
-            .get_ptr(&tid)
-            .is_some_and(|f| unsafe { (*f).start_ns } != 0);
-    // Inside a futex wait the kernel stack is always the syscall's wait
-    // path: never walked. Otherwise it is walked at the switch-in if the
-    // interval is reported (the task's kernel stack stays as it is now).
-    let kernel_stack_id = if in_futex_wait {
-        KERNEL_STACK_FUTEX_WAIT
-    } else {
-        KERNEL_STACK_AT_SWITCH_IN
-    };
+    // The kernel stack is decided at the switch-in, if the interval is
+    // reported (the task's kernel stack stays as it is now): named by its
+    // waiting system call, or walked.
+    let kernel_stack_id = KERNEL_STACK_AT_SWITCH_IN;
     // The user stack. A thread that blocked went to sleep inside a system
     // call (or, rarely, a page fault): its registers are read at the
     // switch-in if reported, and its stack copied at the call's exit. A
@@ -343,7 +335,7 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
             .is_some_and(|f| unsafe { (*f).start_ns } != 0);
         // The waker's user stack only from a task (in an interrupt it is
         // whoever was interrupted).
-        let user = if in_futex && (context >= 0 || context == waker::TASK) {
+        let user = if in_futex && waker::is_task(context) {
             stack_id(&ctx, BPF_F_USER_STACK)
         } else {
             -1
@@ -401,19 +393,27 @@ pub fn slotprof_hrtimer_exit(_ctx: BtfTracePointContext) -> u32 {
 
 #[btf_tracepoint(function = "softirq_entry")]
 pub fn slotprof_softirq_entry(ctx: BtfTracePointContext) -> u32 {
-    let vec: u32 = ctx.arg(0);
-    nesting(|n| {
-        n.softirq += 1;
-        n.softirq_vecs |= 1u32.wrapping_shl(vec & 31);
-    })
+    softirq(&ctx, true)
 }
 
 #[btf_tracepoint(function = "softirq_exit")]
 pub fn slotprof_softirq_exit(ctx: BtfTracePointContext) -> u32 {
+    softirq(&ctx, false)
+}
+
+/// A softirq vector (the tracepoints' one argument) starts or ends.
+#[inline(always)]
+fn softirq(ctx: &BtfTracePointContext, entry: bool) -> u32 {
     let vec: u32 = ctx.arg(0);
+    let bit = 1u32.wrapping_shl(vec & 31);
     nesting(|n| {
-        n.softirq = n.softirq.saturating_sub(1);
-        n.softirq_vecs &= !1u32.wrapping_shl(vec & 31);
+        if entry {
+            n.softirq += 1;
+            n.softirq_vecs |= bit;
+        } else {
+            n.softirq = n.softirq.saturating_sub(1);
+            n.softirq_vecs &= !bit;
+        }
     })
 }
 

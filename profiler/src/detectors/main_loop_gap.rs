@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn the_unwalked_futex_wait_frame_is_a_lock_wait() {
-        let frames = vec![crate::aggregate::FUTEX_WAIT_FRAME.to_string()];
+        let frames = vec![crate::aggregate::syscall_wait_frame(libc::SYS_futex as i32)];
         assert_eq!(blocked_on(&frames), "lock wait (futex)");
     }
 
