@@ -89,11 +89,9 @@ fn free_port() -> u16 {
 /// GET http://127.0.0.1:port/path, the body.
 fn http_get(port: u16, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    // One write: `write!` on an unbuffered stream sends each piece apart.
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
     let mut r = String::new();
     s.read_to_string(&mut r).unwrap();
     let (head, body) = r.split_once("\r\n\r\n").expect("an HTTP response");
