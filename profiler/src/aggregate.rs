@@ -99,24 +99,6 @@ pub struct Aggregator {
     pub malformed: u64,
 }
 
-/// An on-CPU sample of a thread, for timelines.
-#[derive(Clone, Debug)]
-pub struct TimedSample {
-    pub tid: u32,
-    pub comm: String,
-    pub ts_ns: u64,
-}
-
-/// An off-CPU interval of a thread, for timelines.
-#[derive(Clone, Debug)]
-pub struct TimedInterval {
-    pub tid: u32,
-    pub comm: String,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub preempted: bool,
-}
-
 /// An off-CPU interval as kept for bucketing.
 #[derive(Clone, Copy, Debug)]
 pub struct Interval {
@@ -323,6 +305,25 @@ impl Aggregator {
         stacks: &StackTable,
         sym: &mut Symbolizer,
     ) -> Vec<Profiles> {
+        let mut out = Vec::with_capacity(timeline.slots().len());
+        self.resolve_slots_each(timeline, stacks, sym, |_, p| {
+            out.push(p);
+            Ok(())
+        })
+        .expect("collecting cannot fail");
+        out
+    }
+
+    /// [`Self::resolve_slots`] handed out slot by slot, in order: only one
+    /// slot's named profiles exist at a time (a busy node's session has
+    /// hundreds of slots of thousands of stacks each).
+    pub fn resolve_slots_each(
+        &self,
+        timeline: &Timeline,
+        stacks: &StackTable,
+        sym: &mut Symbolizer,
+        mut each: impl FnMut(usize, Profiles) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         let n = timeline.slots().len();
         let mut on: Vec<HashMap<StackKey, u64>> = vec![HashMap::new(); n];
         let mut off: Vec<HashMap<(StackKey, bool), u64>> = vec![HashMap::new(); n];
@@ -337,10 +338,14 @@ impl Aggregator {
             }
         }
         let mut names = StackNamer::new(stacks, sym);
-        on.iter()
-            .zip(&off)
-            .map(|(on, off)| names.profiles(on, off))
-            .collect()
+        for (i, (on, off)) in on.iter_mut().zip(off.iter_mut()).enumerate() {
+            let p = names.profiles(on, off);
+            // This slot's counts are done with.
+            *on = HashMap::new();
+            *off = HashMap::new();
+            each(i, p)?;
+        }
+        Ok(())
     }
 
     /// What the detectors read, from what was counted.
@@ -388,32 +393,6 @@ impl Aggregator {
             .map(|(t, _)| (*t, *t))
             .chain(self.interval_log.iter().map(|i| (i.start_ns, i.end_ns)));
         times.reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
-    }
-
-    /// Every sample and interval with its thread, in arrival order, for
-    /// timelines.
-    pub fn timed_events(&self) -> (Vec<TimedSample>, Vec<TimedInterval>) {
-        let samples = self
-            .sample_log
-            .iter()
-            .map(|(t, k)| TimedSample {
-                tid: k.tid,
-                comm: comm_str(&k.comm),
-                ts_ns: *t,
-            })
-            .collect();
-        let intervals = self
-            .interval_log
-            .iter()
-            .map(|i| TimedInterval {
-                tid: i.key.tid,
-                comm: comm_str(&i.key.comm),
-                start_ns: i.start_ns,
-                end_ns: i.end_ns,
-                preempted: i.preempted,
-            })
-            .collect();
-        (samples, intervals)
     }
 }
 

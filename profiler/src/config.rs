@@ -112,7 +112,7 @@ impl Default for DetectorsSection {
             gap_threshold: "5ms".into(),
             hot_threads: Vec::new(),
             purge_threshold: "1ms".into(),
-            lock_threshold: "2ms".into(),
+            lock_threshold: "10ms".into(),
             pingpong_threshold: 0.05,
         }
     }

@@ -7,19 +7,76 @@ use anyhow::Context;
 /// Writes `bytes` to `path` through a temporary file in the same directory
 /// and a rename, so the file is either the old one or the whole new one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] for output written piece by piece (`write` gets a
+/// buffered writer): nothing of it is held in memory whole.
+///
+/// The temporary file has a random name and is created with O_EXCL (a
+/// name planted in the directory, a symlink included, makes it pick
+/// another, never follow it); the directory is synced after the rename so
+/// the new name survives a crash.
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let (tmp, file) = create_temp(dir, name).with_context(|| format!("cannot write {}", path.display()))?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, &file);
+        write(&mut w)?;
+        w.flush()?;
+        drop(w);
+        file.sync_data()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok::<(), std::io::Error>(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result.with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A new file `.name.tmp.RANDOM` in `dir`, created with O_EXCL.
+fn create_temp(dir: &Path, name: &str) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    for _ in 0..16 {
+        let mut r = [0u8; 8];
+        // SAFETY: writes at most r.len() bytes into r.
+        let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+        let suffix = if n == r.len() as isize {
+            u64::from_ne_bytes(r)
+        } else {
+            // No getrandom: the clock's nanoseconds and the pid still
+            // differ per try; O_EXCL keeps it safe either way.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ ((std::process::id() as u64) << 32)
+        };
+        let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
 #[cfg(test)]

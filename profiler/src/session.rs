@@ -378,28 +378,30 @@ pub async fn run(
     crate::output::write_atomic(&findings_path, &serde_json::to_vec_pretty(&findings)?)?;
     written.push(findings_path);
     if opts.slot_source.is_some() {
-        let per_slot = agg.resolve_slots(&timeline, &stacks, &mut sym);
         let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
         let slot_phase = |s: &crate::slots::Slot| phase_of(s.start_ns + s.duration_ns() / 2);
-        slot_export::write_slots(
-            &opts.out,
-            &timeline,
-            &per_slot,
-            &findings,
-            &slot_phase,
-            &meta,
-            period_ns,
-        )?;
+        let mut writer = slot_export::SlotWriter::new(&opts.out, &findings, &slot_phase, &meta, period_ns);
+        agg.resolve_slots_each(&timeline, &stacks, &mut sym, |i, p| {
+            writer.add(&timeline.slots()[i], p)
+        })?;
+        writer.finish()?;
         written.push(opts.out.join("slots/"));
         if timeline.slots().iter().any(|s| s.window.is_some()) {
             written.push(opts.out.join("windows/"));
         }
         written.push(opts.out.join("index.html"));
     }
-    let (samples, intervals) = agg.timed_events();
-    let trace = slot_export::trace_json(target.pid, &target.comm, &timeline, &samples, &intervals);
     let trace_path = opts.out.join("trace.json");
-    crate::output::write_atomic(&trace_path, &serde_json::to_vec(&trace)?)?;
+    crate::output::write_atomic_with(&trace_path, |w| {
+        slot_export::write_trace(
+            w,
+            target.pid,
+            &target.comm,
+            &timeline,
+            agg.samples(),
+            agg.intervals(),
+        )
+    })?;
     written.push(trace_path);
 
     let exe_label = target

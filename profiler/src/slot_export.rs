@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
-    aggregate::{Profiles, TimedInterval, TimedSample},
+    aggregate::{Interval, Profiles, StackKey},
     detectors::Finding,
     output::write_atomic,
     report::write_profiles,
@@ -86,34 +86,64 @@ pub(crate) fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_
     }
 }
 
-/// Writes `slots/`, `windows/` and `index.html` under `out`; returns the
-/// slot summaries.
-pub fn write_slots(
-    out: &Path,
-    timeline: &Timeline,
-    per_slot: &[Profiles],
-    findings: &[Finding],
-    phase: &dyn Fn(&Slot) -> Option<&'static str>,
-    meta: &ProfileMeta,
+/// Writes `slots/`, `windows/` and `index.html` under `out`, a slot at a
+/// time ([`SlotWriter::add`], in timeline order): a leader window is
+/// written as soon as its last slot is, and only the slot summaries stay.
+pub struct SlotWriter<'a> {
+    out: &'a Path,
+    findings: &'a [Finding],
+    phase: &'a dyn Fn(&Slot) -> Option<&'static str>,
+    meta: &'a ProfileMeta,
     period_ns: u64,
-) -> anyhow::Result<Vec<SlotSummary>> {
-    let mut summaries = Vec::new();
-    let mut windows: BTreeMap<u64, (Vec<&Slot>, Profiles)> = BTreeMap::new();
-    for (slot, p) in timeline.slots().iter().zip(per_slot) {
-        let dir = out.join("slots").join(slot.number.to_string());
+    summaries: Vec<SlotSummary>,
+    /// The window being filled: its first slot, its slots, their profiles.
+    window: Option<(u64, Vec<Slot>, Profiles)>,
+}
+
+impl<'a> SlotWriter<'a> {
+    pub fn new(
+        out: &'a Path,
+        findings: &'a [Finding],
+        phase: &'a dyn Fn(&Slot) -> Option<&'static str>,
+        meta: &'a ProfileMeta,
+        period_ns: u64,
+    ) -> Self {
+        Self {
+            out,
+            findings,
+            phase,
+            meta,
+            period_ns,
+            summaries: Vec::new(),
+            window: None,
+        }
+    }
+
+    /// Writes one slot's directory (and the window before it, if this slot
+    /// starts another).
+    pub fn add(&mut self, slot: &Slot, p: Profiles) -> anyhow::Result<()> {
+        let dir = self.out.join("slots").join(slot.number.to_string());
         let sub = format!(
             "slot {}{}",
             slot.number,
             if slot.leader { " (leader)" } else { "" }
         );
-        write_profiles(&dir, p, meta, &sub)?;
-        let mut summary = summarize(slot, p, findings, period_ns);
-        summary.phase = phase(slot);
+        write_profiles(&dir, &p, self.meta, &sub)?;
+        let mut summary = summarize(slot, &p, self.findings, self.period_ns);
+        summary.phase = (self.phase)(slot);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
-        summaries.push(summary);
+        self.summaries.push(summary);
+        if self
+            .window
+            .as_ref()
+            .is_some_and(|(w, _, _)| Some(*w) != slot.window)
+        {
+            self.flush_window()?;
+        }
         if let Some(w) = slot.window {
-            let entry = windows.entry(w).or_insert_with(|| {
+            let entry = self.window.get_or_insert_with(|| {
                 (
+                    w,
                     Vec::new(),
                     Profiles {
                         oncpu: Folded::new(),
@@ -122,23 +152,33 @@ pub fn write_slots(
                     },
                 )
             });
-            entry.0.push(slot);
-            entry.1.oncpu.merge(&p.oncpu);
-            entry.1.offcpu.merge(&p.offcpu);
+            entry.1.push(slot.clone());
+            entry.2.oncpu.merge(&p.oncpu);
+            entry.2.offcpu.merge(&p.offcpu);
         }
+        Ok(())
     }
-    for (first, (slots, p)) in &windows {
-        let dir = out.join("windows").join(first.to_string());
+
+    fn flush_window(&mut self) -> anyhow::Result<()> {
+        let Some((first, slots, p)) = self.window.take() else {
+            return Ok(());
+        };
+        let dir = self.out.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
-        write_profiles(&dir, p, meta, &format!("leader window {numbers:?}"))?;
-        let window = window_json(*first, slots, p);
-        write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)?;
+        write_profiles(&dir, &p, self.meta, &format!("leader window {numbers:?}"))?;
+        let window = window_json(first, &slots, &p);
+        write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)
     }
-    write_atomic(
-        &out.join("index.html"),
-        index_html(&summaries, findings).as_bytes(),
-    )?;
-    Ok(summaries)
+
+    /// The last window and `index.html`; returns the slot summaries.
+    pub fn finish(mut self) -> anyhow::Result<Vec<SlotSummary>> {
+        self.flush_window()?;
+        write_atomic(
+            &self.out.join("index.html"),
+            index_html(&self.summaries, self.findings).as_bytes(),
+        )?;
+        Ok(self.summaries)
+    }
 }
 
 /// What `window.json` says about a leader window.
@@ -160,31 +200,56 @@ pub(crate) fn window_json<S: std::borrow::Borrow<Slot>>(
 
 /// The Chrome trace-event file: a track per thread with on-CPU samples
 /// (instants) and off-CPU spans, and tracks for slots and leader windows.
-pub fn trace_json(
+/// Written event by event: a busy node's session has hundreds of
+/// thousands of intervals, and a whole JSON tree of them took a gigabyte.
+pub fn write_trace(
+    w: &mut impl std::io::Write,
     pid: u32,
     process: &str,
     timeline: &Timeline,
-    samples: &[TimedSample],
-    intervals: &[TimedInterval],
-) -> serde_json::Value {
+    samples: &[(u64, StackKey)],
+    intervals: &[Interval],
+) -> std::io::Result<()> {
     let us = |ns: u64| ns as f64 / 1e3;
     // Pseudo-threads for the slot tracks, far from real tids.
     const SLOTS_TID: u64 = u32::MAX as u64 + 1;
     const WINDOWS_TID: u64 = SLOTS_TID + 1;
-    let mut events = vec![
+    w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+    let mut first = true;
+    let mut event = |w: &mut dyn std::io::Write, e: serde_json::Value| -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",\n")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *w, &e).map_err(std::io::Error::other)
+    };
+    event(
+        w,
         json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}}),
+    )?;
+    event(
+        w,
         json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": SLOTS_TID, "args": {"name": "slots"}}),
+    )?;
+    event(
+        w,
         json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": WINDOWS_TID, "args": {"name": "leader windows"}}),
+    )?;
+    event(
+        w,
         json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": SLOTS_TID, "args": {"sort_index": -2}}),
+    )?;
+    event(
+        w,
         json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": WINDOWS_TID, "args": {"sort_index": -1}}),
-    ];
+    )?;
     // A thread's name is the last one it had: threads name themselves
     // after they start.
-    let mut named: BTreeMap<u32, (u64, &String)> = BTreeMap::new();
+    let mut named: BTreeMap<u32, (u64, &[u8; profiler_ebpf::COMM_LEN])> = BTreeMap::new();
     let seen = samples
         .iter()
-        .map(|s| (s.tid, s.ts_ns, &s.comm))
-        .chain(intervals.iter().map(|i| (i.tid, i.end_ns, &i.comm)));
+        .map(|(ts, k)| (k.tid, *ts, &k.comm))
+        .chain(intervals.iter().map(|i| (i.key.tid, i.end_ns, &i.key.comm)));
     for (tid, ts, comm) in seen {
         let e = named.entry(tid).or_insert((ts, comm));
         if ts >= e.0 {
@@ -192,29 +257,35 @@ pub fn trace_json(
         }
     }
     for (tid, (_, comm)) in &named {
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}));
+        let comm = crate::events::comm_str(*comm);
+        event(
+            w,
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}),
+        )?;
     }
     for s in timeline.slots() {
         let name = format!("slot {}{}", s.number, if s.leader { " (leader)" } else { "" });
-        events.push(
+        event(
+            w,
             json!({"ph": "X", "name": name, "cat": "slot", "pid": pid, "tid": SLOTS_TID,
             "ts": us(s.start_ns), "dur": us(s.duration_ns()),
             "args": {"slot": s.number, "leader": s.leader, "aligned": s.aligned}}),
-        );
+        )?;
     }
     let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for s in timeline.slots() {
-        if let Some(w) = s.window {
-            let e = windows.entry(w).or_insert((s.start_ns, s.end_ns));
+        if let Some(win) = s.window {
+            let e = windows.entry(win).or_insert((s.start_ns, s.end_ns));
             e.0 = e.0.min(s.start_ns);
             e.1 = e.1.max(s.end_ns);
         }
     }
-    for (w, (start, end)) in windows {
-        events.push(
-            json!({"ph": "X", "name": format!("leader window {w}"), "cat": "window", "pid": pid,
+    for (win, (start, end)) in windows {
+        event(
+            w,
+            json!({"ph": "X", "name": format!("leader window {win}"), "cat": "window", "pid": pid,
             "tid": WINDOWS_TID, "ts": us(start), "dur": us(end - start)}),
-        );
+        )?;
     }
     for i in intervals {
         let name = if i.preempted {
@@ -223,18 +294,20 @@ pub fn trace_json(
             "off-CPU (blocked)"
         };
         let dur = us(i.end_ns.saturating_sub(i.start_ns));
-        events.push(
-            json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.tid,
+        event(
+            w,
+            json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.key.tid,
             "ts": us(i.start_ns), "dur": dur}),
-        );
+        )?;
     }
-    for s in samples {
-        events.push(
+    for (ts, k) in samples {
+        event(
+            w,
             json!({"ph": "i", "s": "t", "name": "on-CPU sample", "cat": "oncpu", "pid": pid,
-            "tid": s.tid, "ts": us(s.ts_ns)}),
-        );
+            "tid": k.tid, "ts": us(*ts)}),
+        )?;
     }
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+    w.write_all(b"]}\n")
 }
 
 fn escape(s: &str) -> String {

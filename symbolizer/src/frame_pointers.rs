@@ -37,8 +37,10 @@ impl FramePointerScan {
 
 /// Scans the function prologues of an x86-64 ELF file.
 pub fn scan(path: &Path) -> anyhow::Result<FramePointerScan> {
-    let data = std::fs::read(path)?;
-    let file = object::File::parse(&*data)?;
+    use std::os::unix::fs::FileExt;
+    let data = crate::functions::read_cache(path)?;
+    let file = object::File::parse(&data)?;
+    let raw = std::fs::File::open(path)?;
     let mut scan = FramePointerScan {
         functions: 0,
         with_frame_pointer: 0,
@@ -55,11 +57,24 @@ pub fn scan(path: &Path) -> anyhow::Result<FramePointerScan> {
         let Some(section) = sym.section_index().and_then(|i| file.section_by_index(i).ok()) else {
             continue;
         };
-        let Ok(Some(bytes)) = section.data_range(sym.address(), 8) else {
+        // The prologue's 8 bytes, read alone: `data_range` would read (and
+        // keep) the whole text section.
+        let Some((off, len)) = section.file_range() else {
             continue;
         };
+        let Some(at) = sym
+            .address()
+            .checked_sub(section.address())
+            .filter(|d| d + 8 <= len)
+        else {
+            continue;
+        };
+        let mut bytes = [0u8; 8];
+        if raw.read_exact_at(&mut bytes, off + at).is_err() {
+            continue;
+        }
         scan.functions += 1;
-        if sets_up_frame_pointer(bytes) {
+        if sets_up_frame_pointer(&bytes) {
             scan.with_frame_pointer += 1;
         }
     }

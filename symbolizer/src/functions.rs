@@ -18,6 +18,13 @@ pub struct FoundFunction {
     pub file_offset: u64,
 }
 
+/// An ELF file read on demand: only the parts parsed (headers, symbol
+/// and string tables, the bytes asked for) are read into memory, never the
+/// whole file (a validator's binary is 77 MB).
+pub fn read_cache(path: &Path) -> std::io::Result<object::read::ReadCache<std::fs::File>> {
+    Ok(object::read::ReadCache::new(std::fs::File::open(path)?))
+}
+
 /// Demangles Rust (legacy and v0) and leaves other names alone.
 pub fn demangle(name: &str) -> String {
     match rustc_demangle::try_demangle(name) {
@@ -27,17 +34,94 @@ pub fn demangle(name: &str) -> String {
 }
 
 /// Whether `demangled` is what `wanted` names: the same, or ending in
-/// `::wanted`.
+/// `::wanted`, as written or as a path the way it reads in the source
+/// ([`source_path`]: `PohRecorder::set_bank` names
+/// `<solana_poh::poh_recorder::PohRecorder>::set_bank`).
 fn matches(demangled: &str, wanted: &str) -> bool {
-    demangled == wanted || demangled.ends_with(&format!("::{wanted}"))
+    let tail = |name: &str, wanted: &str| name == wanted || name.ends_with(&format!("::{wanted}"));
+    if tail(demangled, wanted) {
+        return true;
+    }
+    let plain = source_path(demangled);
+    plain != demangled && tail(&plain, &source_path(wanted))
+}
+
+/// A demangled path as a person writes it from the source: qualified
+/// paths unwrapped (`<a::B>::f` is `a::B::f`; for a trait's method,
+/// `<a::B as c::T>::f` is `a::B::f`) and generic arguments left out
+/// (`a::B<u8>::f` and `a::B::f::<u8>` are `a::B::f`). The v0 mangling writes every inherent
+/// method as `<Type>::method`, so a name typed as `Type::method` would
+/// otherwise match nothing.
+pub fn source_path(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while !rest.is_empty() {
+        if let Some(inner) = rest.strip_prefix('<') {
+            // A qualified path starts the name or follows a `::`: its
+            // content up to the matching `>`.
+            let Some(end) = matching_angle(inner) else {
+                out.push_str(rest);
+                break;
+            };
+            let qualified = &inner[..end];
+            if out.is_empty() {
+                // A qualified path (`<a::B>::f`, `<a::B as T>::f`) starts
+                // the name; everywhere else `<...>` is generic arguments
+                // (`B<u8>`, the turbofish `f::<I>`), left out.
+                let self_type = split_top_level_as(qualified).unwrap_or(qualified);
+                out.push_str(&source_path(self_type));
+            } else if out.ends_with("::") {
+                out.truncate(out.len() - 2);
+            }
+            rest = &inner[end + 1..];
+        } else {
+            let next = rest.find('<').unwrap_or(rest.len());
+            out.push_str(&rest[..next]);
+            rest = &rest[next..];
+        }
+    }
+    out
+}
+
+/// Where the `>` that closes an opened `<` is, in `s` (which starts just
+/// after it). `->` is not a bracket.
+fn matching_angle(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let bytes = s.as_bytes();
+    for (i, &c) in bytes.iter().enumerate() {
+        match c {
+            b'<' => depth += 1,
+            b'>' if i > 0 && bytes[i - 1] == b'-' => {}
+            b'>' if depth == 0 => return Some(i),
+            b'>' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `A as T` (outside any brackets): `A`.
+fn split_top_level_as(s: &str) -> Option<&str> {
+    let mut depth = 0i32;
+    let bytes = s.as_bytes();
+    for i in 0..bytes.len() {
+        match bytes[i] {
+            b'<' | b'(' | b'[' => depth += 1,
+            b'>' if i > 0 && bytes[i - 1] == b'-' => {}
+            b'>' | b')' | b']' => depth -= 1,
+            b' ' if depth == 0 && s[i..].starts_with(" as ") => return Some(&s[..i]),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Finds the one function in `path` that `wanted` names (a mangled name, a
 /// full demangled path, or its tail such as `PohRecorder::set_bank`).
 pub fn find(path: &Path, wanted: &str) -> anyhow::Result<FoundFunction> {
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let data = read_cache(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file =
-        object::File::parse(&*data).with_context(|| format!("{} is not an ELF file", path.display()))?;
+        object::File::parse(&data).with_context(|| format!("{} is not an ELF file", path.display()))?;
     let mut found: Vec<(String, u64)> = Vec::new();
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {
@@ -87,8 +171,8 @@ pub fn find(path: &Path, wanted: &str) -> anyhow::Result<FoundFunction> {
 /// mapped with its offset-0 segment at `base`, that holds `addr`:
 /// `name+0xoff`.
 pub fn data_symbol(path: &Path, base: u64, addr: u64) -> Option<String> {
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
+    let data = read_cache(path).ok()?;
+    let file = object::File::parse(&data).ok()?;
     // The first loadable segment is the one at file offset 0.
     let first_vaddr = file.segments().map(|s| s.address()).min()?;
     let vaddr = (addr.checked_sub(base)?).checked_add(first_vaddr & !0xfff)?;
@@ -114,6 +198,39 @@ mod tests {
         pub fn a_rust_path_function() -> u32 {
             std::hint::black_box(8)
         }
+    }
+
+    #[test]
+    fn names_are_matched_as_written_in_the_source() {
+        // The real validator's names (solana-test-validator 4.4.0, v0).
+        let set_bank = "<solana_poh::poh_recorder::PohRecorder>::set_bank";
+        assert_eq!(
+            source_path(set_bank),
+            "solana_poh::poh_recorder::PohRecorder::set_bank"
+        );
+        assert!(matches(set_bank, "PohRecorder::set_bank"));
+        assert!(matches(set_bank, "poh_recorder::PohRecorder::set_bank"));
+        assert!(matches(set_bank, set_bank));
+        assert!(matches(set_bank, "set_bank"));
+        assert!(!matches(set_bank, "Recorder::set_bank"));
+        assert!(!matches(set_bank, "PohController::set_bank"));
+        // A trait's method: named by its self type.
+        let tr = "<solana_runtime::bank::Bank as core::ops::drop::Drop>::drop";
+        assert_eq!(source_path(tr), "solana_runtime::bank::Bank::drop");
+        assert!(matches(tr, "Bank::drop"));
+        // Generic arguments are left out; a name typed with them still works.
+        let generic = "<alloc::vec::Vec<u8, A>>::push";
+        assert_eq!(source_path(generic), "alloc::vec::Vec::push");
+        assert!(matches(generic, "Vec::push"));
+        assert!(matches(generic, generic));
+        let nested = "<std::collections::HashMap<K, V, S> as core::iter::Extend<(K, V)>>::extend::<I>";
+        assert_eq!(source_path(nested), "std::collections::HashMap::extend");
+        let closure = "<a::B>::run::{closure#0}";
+        assert_eq!(source_path(closure), "a::B::run::{closure#0}");
+        assert_eq!(source_path("fn_ptr::<fn() -> u8>::call"), "fn_ptr::call");
+        // Not Rust: unchanged.
+        assert_eq!(source_path("pthread_cond_wait"), "pthread_cond_wait");
+        assert_eq!(source_path("operator<"), "operator<");
     }
 
     #[test]

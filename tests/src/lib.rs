@@ -5,6 +5,7 @@
 //! own ground truth rather than against fixed numbers.
 
 pub mod rpc_fixture;
+pub mod validator;
 
 use std::time::Duration;
 

@@ -5,10 +5,12 @@
 //! - `cargo xtask test`:  set up, build, fmt + clippy, every test (root tests when root).
 //! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
+//! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
 
 mod bench;
 mod setup;
 mod test_vm;
+mod validator;
 
 use std::{
     path::{Path, PathBuf},
@@ -27,12 +29,15 @@ fn main() -> ExitCode {
         Some("test-vm") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| test_vm::run(&root(), &args[1..])),
+        Some("validator") => setup::run(&root())
+            .and_then(|_| build(&root()))
+            .and_then(|_| validator::run(&root(), &args[1..])),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]>"
+                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--test]>"
             );
             return ExitCode::from(2);
         }
@@ -207,10 +212,24 @@ fn test(root: &Path) -> anyhow::Result<()> {
         ],
     )?;
     if is_root() {
-        run(
+        // The real node's short checks run when its binary can be had.
+        let node = match validator::binary(root) {
+            Ok(bin) => bin.display().to_string(),
+            Err(e) => {
+                eprintln!("xtask: the real-validator tests will be SKIPPED: {e:#}");
+                String::new()
+            }
+        };
+        let env: Vec<(&str, &str)> = if node.is_empty() {
+            Vec::new()
+        } else {
+            vec![("SLOTPROF_VALIDATOR", node.as_str())]
+        };
+        run_env(
             root,
             "cargo",
             &["test", "--release", "--workspace", "--", "--include-ignored"],
+            &env,
         )?;
         // The detector e2e tests again, in QEMU on Debian's kernels.
         let kernels: Vec<String> = test_vm::DEFAULT_KERNELS

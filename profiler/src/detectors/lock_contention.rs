@@ -4,8 +4,9 @@
 //!
 //! A thread waiting for work (a channel receive, a condition variable, a
 //! parked thread) also waits on a futex, but that is idleness, not
-//! contention: such waits count only when the waiter is a hot thread (the
-//! main loop, `--hot-thread`), whose every wait is lost time.
+//! contention: such waits (known by their stack, or by a timeout that ran
+//! out) count only when the waiter is a hot thread (the main loop,
+//! `--hot-thread`), whose every wait is lost time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -60,7 +61,13 @@ pub fn detect(
         let idle = *idle_stack
             .entry(f.user_stack_id)
             .or_insert_with(|| waits_for_work(&names(inputs.pid, f.user_stack_id, false)));
-        if idle && !hot.contains(&f.tid) {
+        // A wait that ran out its timeout was not for a lock (std's and
+        // glibc's mutexes and rwlocks wait without one): it was a timed
+        // wait for work or for time (`recv_timeout`, `park_timeout`, a
+        // condvar's `wait_timeout`), whatever its stack (often not taken:
+        // the copy is skipped while the ring is busy).
+        let timed_out = f.ret == -(libc::ETIMEDOUT as i64);
+        if (idle || timed_out) && !hot.contains(&f.tid) {
             continue;
         }
         let Some((slot, bucket)) = buckets.of(f.start_ns) else {
@@ -153,6 +160,7 @@ pub fn detect(
 mod tests {
     use super::*;
     use crate::detectors::test_support::*;
+    use profiler_ebpf::FutexWait;
 
     const MS: u64 = 1_000_000;
 
@@ -168,8 +176,16 @@ mod tests {
             futex(4, 0, 300 * MS, 0xdd0, 11, 0),
             futex(1, 0, 10 * MS, 0xaa0, 7, 3),
             futex(2, MS, 8 * MS, 0xaa0, 8, 3),
-            futex(1, 50 * MS, 3 * MS, 0xbb0, 9, 0),
-            futex(1, 90 * MS, MS / 2, 0xcc0, 9, 0),
+            futex(1, 50 * MS, 12 * MS, 0xbb0, 9, 0),
+            // 4 ms: a real wait, but under the default 10 ms (a healthy
+            // validator has these in most slots).
+            futex(1, 90 * MS, 4 * MS, 0xcc0, 9, 0),
+            // A 100 ms timed wait that ran out, its stack not taken: a
+            // wait for work, not for a lock.
+            FutexWait {
+                ret: -(libc::ETIMEDOUT as i64),
+                ..futex(2, 100 * MS, 100 * MS, 0xee0, 12, 0)
+            },
         ];
         let inp = Inputs {
             pid: 1,
@@ -186,6 +202,7 @@ mod tests {
             (8, vec!["worker", "wait_for_bank_lock"]),
             (90, vec!["holder", "hold_bank_lock", "unlock"]),
             (11, vec!["idle-worker", "std::sync::mpmc::list::Channel<T>::recv"]),
+            (12, vec!["worker", "[user stack not taken]"]),
         ]));
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
         assert_eq!(f.len(), 2, "0xcc0 is under the threshold");

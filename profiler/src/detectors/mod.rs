@@ -96,7 +96,7 @@ impl Default for DetectorConfig {
             gap_threshold_ns: 5_000_000,
             hot_threads: Vec::new(),
             purge_threshold_ns: 1_000_000,
-            lock_threshold_ns: 2_000_000,
+            lock_threshold_ns: 10_000_000,
             sample_period_ns: 1_000_000_000 / 99,
             topology: None,
             pingpong_threshold: 0.05,

@@ -1,0 +1,254 @@
+//! A real Agave node (`solana-test-validator`) for the end-to-end tests and
+//! for `cargo xtask validator`: started on a fresh ledger in a private
+//! temporary directory, on free ports, and stopped (its whole process
+//! group) and cleaned up when the [`Node`] is dropped, also when a test
+//! panics.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The environment variable that names the unpacked binary (`cargo xtask`
+/// sets it after unpacking `../shared/validator/`).
+pub const BINARY_ENV: &str = "SLOTPROF_VALIDATOR";
+
+/// The node's binary, or why there is none (for a SKIPPED line).
+pub fn binary() -> Result<PathBuf, String> {
+    let Some(path) = std::env::var_os(BINARY_ENV) else {
+        return Err(format!(
+            "no real validator: {BINARY_ENV} is not set (`cargo xtask test` and `cargo xtask validator` \
+             set it when ../shared/validator/solana-test-validator-4.4.0.xz is there)"
+        ));
+    };
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        return Err(format!("{BINARY_ENV}={} is not a file", path.display()));
+    }
+    Ok(path)
+}
+
+/// A running node.
+pub struct Node {
+    child: Option<Child>,
+    /// Its ledger and log, in a directory made by mkdtemp (removed on drop).
+    pub dir: PathBuf,
+    /// JSON-RPC over HTTP; the websocket is on the next port.
+    pub rpc_port: u16,
+    pub faucet_port: u16,
+}
+
+/// A free TCP and UDP port on loopback (and, for `pair`, its successor).
+fn free_port(pair: bool) -> u16 {
+    for _ in 0..100 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let p = l.local_addr().unwrap().port();
+        if p > 60_000 {
+            continue;
+        }
+        let ok = |p: u16| {
+            std::net::TcpListener::bind(("0.0.0.0", p)).is_ok()
+                && std::net::UdpSocket::bind(("0.0.0.0", p)).is_ok()
+        };
+        drop(l);
+        if ok(p) && (!pair || ok(p + 1)) {
+            return p;
+        }
+    }
+    panic!("no free port on this machine");
+}
+
+/// A new private directory under the system's temporary directory
+/// (mkdtemp: a random name, mode 0700).
+pub fn private_temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    let template = std::env::temp_dir().join(format!("{prefix}.XXXXXX"));
+    let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
+        .expect("no NUL in the temporary directory's path")
+        .into_bytes_with_nul();
+    let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    bytes.pop();
+    Ok(PathBuf::from(
+        String::from_utf8(bytes).expect("the temporary directory's path is UTF-8"),
+    ))
+}
+
+impl Node {
+    /// Starts `bin` on a fresh ledger and waits until it has made
+    /// `first_slots` slots (a fresh node's first slot comes after ~15 s on
+    /// 2 vCPUs), at most `timeout`.
+    pub fn start(bin: &Path, first_slots: u64, timeout: Duration) -> Result<Node, String> {
+        let dir = private_temp_dir("slotprof-validator")
+            .map_err(|e| format!("cannot make a ledger directory: {e}"))?;
+        let rpc_port = free_port(true);
+        let faucet_port = free_port(false);
+        let gossip_port = free_port(false);
+        let log = std::fs::File::create(dir.join("validator.log")).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--ledger")
+            .arg(dir.join("ledger"))
+            .args(["--reset", "--quiet", "--bind-address", "127.0.0.1"])
+            .args(["--rpc-port", &rpc_port.to_string()])
+            .args(["--faucet-port", &faucet_port.to_string()])
+            .args(["--gossip-port", &gossip_port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            // Its own process group: stopped whole, and a Ctrl-C meant for
+            // the test runner reaches the runner first.
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let mut node = Node {
+            child: Some(child),
+            dir,
+            rpc_port,
+            faucet_port,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = node
+                .child
+                .as_mut()
+                .unwrap()
+                .try_wait()
+                .map_err(|e| e.to_string())?
+            {
+                return Err(format!(
+                    "the validator exited before its first slots ({status}); its log: {}",
+                    node.log_tail()
+                ));
+            }
+            if let Ok(slot) = node.slot() {
+                if slot >= first_slots {
+                    return Ok(node);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the validator made no {first_slots} slots in {timeout:?}; its log: {}",
+                    node.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Whether the node's process is still there.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn rpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.rpc_port)
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("validator.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// One JSON-RPC call: its `result`, or what went wrong.
+    pub fn rpc(&self, method: &str, params: serde_json::Value) -> Result<serde_json::Value, String> {
+        rpc_call(self.rpc_port, method, params)
+    }
+
+    /// `getSlot` at the "processed" commitment (the slot the node is on).
+    pub fn slot(&self) -> Result<u64, String> {
+        self.rpc("getSlot", serde_json::json!([{"commitment": "processed"}]))?
+            .as_u64()
+            .ok_or_else(|| "getSlot: not a number".to_string())
+    }
+
+    /// The node's threads: (tid, name).
+    pub fn threads(&self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            out.push((tid, name.trim().to_string()));
+        }
+        out
+    }
+
+    /// Stops it (SIGTERM to its group, SIGKILL after 10 s) and waits.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pgid = child.id() as i32;
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One JSON-RPC 2.0 call over HTTP/1.1 to 127.0.0.1:`port`: its `result`,
+/// or what went wrong (a refused connection, an error object, a reply
+/// that is not JSON).
+pub fn rpc_call(port: u16, method: &str, params: serde_json::Value) -> Result<serde_json::Value, String> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("{method}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes())
+        .map_err(|e| format!("{method}: {e}"))?;
+    let mut reply = Vec::new();
+    s.take(64 << 20)
+        .read_to_end(&mut reply)
+        .map_err(|e| format!("{method}: {e}"))?;
+    let reply = String::from_utf8_lossy(&reply);
+    let (head, body) = reply
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{method}: not an HTTP reply"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("{method}: {}", head.lines().next().unwrap_or("")));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("{method}: reply is not JSON: {e}"))?;
+    if let Some(err) = v.get("error") {
+        return Err(format!("{method}: {err}"));
+    }
+    v.get("result")
+        .cloned()
+        .ok_or_else(|| format!("{method}: no result in the reply"))
+}

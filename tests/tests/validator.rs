@@ -1,0 +1,367 @@
+//! slotprof on a real Agave node (`solana-test-validator` 4.4.0 of
+//! `../shared/validator/`): the short checks `cargo xtask test` runs
+//! whenever the binary is there (`SLOTPROF_VALIDATOR`, set by xtask), and
+//! the long ones of `cargo xtask validator --test`
+//! (`SLOTPROF_VALIDATOR_LONG=1`).
+//!
+//! Ground truth is the node's own: its slot stream, read over its RPC by
+//! the test (independently of slotprof's slot source), and its threads.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use common::*;
+use slotprof_tests::{
+    monotonic_ns,
+    validator::{binary, Node},
+};
+
+/// The node, or why the test cannot run (printed as SKIPPED).
+fn node() -> Option<Node> {
+    let bin = match binary() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+    };
+    Some(Node::start(&bin, 3, Duration::from_secs(180)).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The node's slot stream as the test sees it: `getSlot` every 20 ms, the
+/// CLOCK_MONOTONIC time each slot number was first seen.
+struct SlotWatch {
+    seen: Arc<Mutex<BTreeMap<u64, u64>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SlotWatch {
+    fn start(rpc_port: u16) -> SlotWatch {
+        let seen = Arc::new(Mutex::new(BTreeMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let asked = monotonic_ns();
+                let slot = slotprof_tests::validator::rpc_call(
+                    rpc_port,
+                    "getSlot",
+                    serde_json::json!([{"commitment": "processed"}]),
+                );
+                if let Ok(Some(n)) = slot.map(|v| v.as_u64()) {
+                    s.lock().unwrap().entry(n).or_insert(asked);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        SlotWatch {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> BTreeMap<u64, u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+/// Runs slotprof with `args`, returning its exit status, stderr and peak
+/// RSS in bytes (wait4's ru_maxrss).
+fn slotprof_with_rss(args: &[&str]) -> (bool, String, u64) {
+    let dir = private_dir("stderr");
+    let err_path = dir.join("stderr");
+    // Reaped by wait4 below (for its rusage), not by Child::wait.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(slotprof())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("run slotprof");
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    eprintln!("slotprof {args:?}:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (ok, stderr, usage.ru_maxrss as u64 * 1024)
+}
+
+fn private_dir(what: &str) -> PathBuf {
+    slotprof_tests::validator::private_temp_dir(&format!("slotprof-e2e-validator-{what}")).unwrap()
+}
+
+/// Frames a thread's first user frame may be named (glibc's and Rust
+/// std's thread starts; `_start` and `__libc_start_main` for main).
+const THREAD_ENTRIES: &[&str] = &["start_thread", "clone3", "__clone", "_start", "__libc_start_main"];
+
+/// The share of `folded`'s weight whose user chain reaches a thread entry
+/// (one of the three outermost user frames), and the median user depth.
+fn reach(folded: &flamegraphs::Folded) -> (f64, usize) {
+    let (mut total, mut reached) = (0u64, 0u64);
+    let mut depths: Vec<(usize, u64)> = Vec::new();
+    for (stack, w) in folded.iter() {
+        let user: Vec<&str> = stack
+            .split(';')
+            .skip(1) // the thread name
+            .filter(|f| !f.ends_with("_[k]") && !f.starts_with('['))
+            .collect();
+        total += w;
+        if user
+            .iter()
+            .take(3)
+            .any(|f| THREAD_ENTRIES.iter().any(|e| f.contains(e)))
+        {
+            reached += w;
+        }
+        depths.push((user.len(), w));
+    }
+    depths.sort();
+    let mut acc = 0;
+    let median = depths
+        .iter()
+        .find(|(_, w)| {
+            acc += w;
+            acc * 2 >= total
+        })
+        .map_or(0, |(d, _)| *d);
+    (reached as f64 / total.max(1) as f64, median)
+}
+
+/// Slots of an output directory: number -> slot.json.
+fn slots_of(out: &Path) -> BTreeMap<u64, serde_json::Value> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(out.join("slots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(n) = e.file_name().to_string_lossy().parse::<u64>() {
+            m.insert(n, read_json(&e.path().join("slot.json")));
+        }
+    }
+    m
+}
+
+/// The median and the largest |a - b| over the slots both have.
+fn offsets(a: &BTreeMap<u64, u64>, b: &BTreeMap<u64, u64>) -> (f64, f64, usize) {
+    let mut d: Vec<f64> = a
+        .iter()
+        .filter_map(|(n, t)| b.get(n).map(|u| (*t as f64 - *u as f64) / 1e6))
+        .collect();
+    d.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    if d.is_empty() {
+        return (f64::NAN, f64::NAN, 0);
+    }
+    let max = d.iter().map(|x| x.abs()).fold(0.0, f64::max);
+    (d[d.len() / 2], max, d.len())
+}
+
+/// The short real-node checks (CI): the node on a fresh ledger; one 60 s
+/// attach with the RPC slot source; one 20 s attach with the uprobe slot
+/// source, named as a user writes it from the source.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
+    let Some(_k) = kernel() else { return };
+    let Some(node) = node() else { return };
+    let bin = binary().unwrap();
+    let pid = node.pid().to_string();
+    let url = node.rpc_url();
+
+    // 1. RPC slot source, 60 s, with the node's slot stream beside it.
+    let out = private_dir("rpc");
+    let watch = SlotWatch::start(node.rpc_port);
+    let (ok, stderr, rss) = slotprof_with_rss(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "60s",
+        "--slot-source",
+        &format!("rpc={url}"),
+        "--probe-stats",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let truth = watch.finish();
+    assert!(ok, "slotprof attach failed: {stderr}");
+    let slots = slots_of(&out);
+    eprintln!(
+        "RPC source: {} slots exported, the node showed {} in the same time; peak RSS {:.1} MiB",
+        slots.len(),
+        truth.len(),
+        rss as f64 / (1 << 20) as f64
+    );
+    // Slot numbers are the node's, every one a leader slot (a one-node
+    // cluster leads every slot).
+    assert!(
+        slots.len() >= 60,
+        "only {} slots in 60 s (~2.3/s expected)",
+        slots.len()
+    );
+    let unknown: Vec<u64> = slots.keys().filter(|n| !truth.contains_key(n)).copied().collect();
+    assert!(unknown.is_empty(), "slots the node never had: {unknown:?}");
+    let (first, last) = (*slots.keys().next().unwrap(), *slots.keys().last().unwrap());
+    let missed: Vec<u64> = truth
+        .keys()
+        .filter(|n| **n >= first && **n <= last && !slots.contains_key(n))
+        .copied()
+        .collect();
+    assert!(
+        missed.len() * 20 <= slots.len(),
+        "slots the node had that slotprof did not export: {missed:?}"
+    );
+    let not_leader: Vec<u64> = slots
+        .iter()
+        .filter(|(_, s)| s["leader"] != true)
+        .map(|(n, _)| *n)
+        .collect();
+    assert!(not_leader.is_empty(), "slots not marked leader: {not_leader:?}");
+    // getSlot ("processed") names a slot once its bank is done, at about
+    // the slot's end: slotprof's slot ends are compared with that.
+    let ends: BTreeMap<u64, u64> = slots
+        .iter()
+        .filter_map(|(n, s)| s["end_ns"].as_u64().map(|t| (*n, t)))
+        .collect();
+    let (median, max, n) = offsets(&ends, &truth);
+    eprintln!(
+        "RPC source: slot ends minus the test's first sight of each slot over getSlot: median {median:.1} ms, \
+         max |{max:.1}| ms over {n} slots"
+    );
+    assert!(
+        n >= 60 && median.abs() < 100.0,
+        "RPC slot ends vs the node's: median {median} ms"
+    );
+    // Memory: every interval of a busy node (~7,000 a second) is kept until
+    // the end; the target (128 MiB) is the bench's, this bounds a
+    // regression (1,019 MiB before the trace was streamed).
+    assert!(rss < 256 << 20, "peak RSS {} MiB", rss >> 20);
+
+    // Stacks: the node has no frame pointers; slotprof unwinds by CFI.
+    let on = read_folded(&out.join("oncpu.folded"));
+    let off = read_folded(&out.join("offcpu.folded"));
+    let (on_reach, on_depth) = reach(&on);
+    let (off_reach, off_depth) = reach(&off);
+    eprintln!(
+        "stacks: on-CPU {:.1}% of {} samples reach the thread entry (median {on_depth} user frames); \
+         off-CPU {:.1}% of time (median {off_depth})",
+        on_reach * 100.0,
+        on.total(),
+        off_reach * 100.0
+    );
+    assert!(on.total() > 1000, "{} on-CPU samples in 60 s", on.total());
+    // The issue's bar is 95%; in 60 s runs here 95.5-97.4%. What misses is
+    // almost all `[stack copy ended]`: replay and RocksDB stacks deeper
+    // than the 16 KiB copied (perf's default is 8 KiB). 93% here keeps a
+    // 60 s sample's noise from failing CI; the long run holds 95%.
+    let min_reach = if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_some() {
+        0.95
+    } else {
+        0.93
+    };
+    assert!(
+        on_reach >= min_reach,
+        "on-CPU samples reaching the thread entry: {:.1}%",
+        on_reach * 100.0
+    );
+
+    let summary = read_json(&out.join("summary.json"));
+    let findings = read_json(&out.join("findings.json"));
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for f in findings.as_array().unwrap() {
+        *kinds
+            .entry(f["kind"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    eprintln!("findings in {} slots: {kinds:?}", slots.len());
+    for f in findings.as_array().unwrap() {
+        eprintln!("  {} in slot {}: {}", f["kind"], f["slot"], f["explanation"]);
+    }
+    eprintln!("lost: {}", summary["lost"]);
+    // A healthy idle node: findings are rare. With 2 ms LockContention and
+    // no timeout rule, 70 findings in 134 slots (waits for work and
+    // harmless few-ms waits); the issue's target, 1 per 100 slots, is for
+    // the 10-minute run (`cargo xtask validator --test`). What is left
+    // here are real lock waits of 10+ ms, mostly behind holders preempted
+    // on this 2-vCPU machine.
+    let total: usize = kinds.values().sum();
+    // Measured 7-9% of slots here (9 and 11 findings in ~120 slots, 5 of
+    // them once in one slot where the node stalled for 236 ms): the bound
+    // catches the flood (53% of slots before), not the issue's target.
+    assert!(
+        total * 100 <= slots.len() * 15,
+        "{total} findings in {} slots of a healthy node",
+        slots.len()
+    );
+    // Stacks lost to map collisions: at most 0.1% of the stacks unwound.
+    let lost = summary["lost"]["stacks"].as_u64().unwrap();
+    let walked = summary["unwinding"]["stacks"].as_u64().unwrap();
+    assert!(lost * 1000 <= walked, "{lost} stacks lost of {walked}");
+    for cause in [
+        "ring_buffer_full",
+        "offcpu_map_full",
+        "syscall_map_full",
+        "malformed_records",
+    ] {
+        assert_eq!(summary["lost"][cause], 0, "events lost: {}", summary["lost"]);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+
+    // 2. The uprobe slot source, named as in the source code, numbered by
+    // RPC; its boundaries beside the node's slot stream.
+    let out = private_dir("uprobe");
+    let watch = SlotWatch::start(node.rpc_port);
+    let (ok, stderr, _) = slotprof_with_rss(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "20s",
+        "--slot-source",
+        &format!("uprobe={}:PohRecorder::set_bank,rpc={url}", bin.display()),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let truth = watch.finish();
+    assert!(ok, "slotprof attach with the uprobe source failed: {stderr}");
+    let slots = slots_of(&out);
+    let ends: BTreeMap<u64, u64> = slots
+        .iter()
+        .filter_map(|(n, s)| s["end_ns"].as_u64().map(|t| (*n, t)))
+        .collect();
+    let (median, max, n) = offsets(&ends, &truth);
+    eprintln!(
+        "uprobe source: {} slots; slot ends (the next set_bank) minus the test's first sight of each slot: \
+         median {median:.1} ms, max |{max:.1}| ms over {n} slots",
+        slots.len()
+    );
+    assert!(
+        slots.len() >= 20,
+        "only {} slots in 20 s with the uprobe source",
+        slots.len()
+    );
+    let unknown: Vec<u64> = slots.keys().filter(|n| !truth.contains_key(n)).copied().collect();
+    assert!(unknown.is_empty(), "uprobe slots the node never had: {unknown:?}");
+    assert!(
+        n >= 20 && median.abs() < 100.0,
+        "uprobe boundaries vs the node's: median {median} ms"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

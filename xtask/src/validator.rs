@@ -1,0 +1,148 @@
+//! `cargo xtask validator`: the real Agave node of `../shared/validator/`.
+//!
+//! - `cargo xtask validator`: unpacks it (once, into ~/.cache/slotprof/),
+//!   starts it on a fresh ledger in a private temporary directory, prints
+//!   how to profile it, and stops and removes it on Ctrl-C.
+//! - `cargo xtask validator --test`: the real-node tests, long ones
+//!   included (`tests/tests/validator.rs`, as root).
+//!
+//! `cargo xtask test` runs the short subset of those tests whenever the
+//! binary can be had, and lists them as skipped, with the reason, when not.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context};
+
+/// The published binary's name, and its sha256 once unpacked (from
+/// ../shared/validator/README.md).
+const NAME: &str = "solana-test-validator-4.4.0";
+const SHA256: &str = "8fdd2cdc7ab1a1a56ff902c43a8e6f3e58d0fdc01e20d11601f58914044fe371";
+
+/// Where the compressed binary is looked for: `$SLOTPROF_VALIDATOR_XZ`,
+/// then `shared/validator/` next to the workspace and above it.
+fn sources(root: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::env::var_os("SLOTPROF_VALIDATOR_XZ")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    for up in root.ancestors().skip(1).take(3) {
+        out.push(up.join("shared/validator").join(format!("{NAME}.xz")));
+    }
+    out
+}
+
+fn cache_dir() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/slotprof/validator")
+}
+
+fn sha256(path: &Path) -> anyhow::Result<String> {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .context("cannot run sha256sum")?;
+    if !out.status.success() {
+        bail!("sha256sum {} failed", path.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// The unpacked, checked binary; `Err` says why there is none (no
+/// compressed copy on this machine, or a copy that does not check out).
+pub fn binary(root: &Path) -> anyhow::Result<PathBuf> {
+    let dir = cache_dir();
+    let bin = dir.join(NAME);
+    if bin.is_file() && sha256(&bin)? == SHA256 {
+        return Ok(bin);
+    }
+    let Some(xz) = sources(root).into_iter().find(|p| p.is_file()) else {
+        bail!(
+            "no {NAME}.xz (looked in $SLOTPROF_VALIDATOR_XZ and shared/validator/ above the workspace); \
+             to build it, follow ../shared/validator/README.md and point SLOTPROF_VALIDATOR_XZ at the xz of it"
+        );
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // Unpacked to a private name, checked, then renamed into place: a
+    // partial or wrong file never has the final name.
+    let part = tempfile_in(&dir, NAME)?;
+    eprintln!("xtask: unpacking {} into {}", xz.display(), dir.display());
+    let out = std::fs::File::create(&part)?;
+    let status = Command::new("xz")
+        .arg("-dc")
+        .arg(&xz)
+        .stdout(out)
+        .status()
+        .context("cannot run xz (apt-get install xz-utils)")?;
+    let checked = status.success() && sha256(&part)? == SHA256;
+    if !checked {
+        let _ = std::fs::remove_file(&part);
+        bail!(
+            "{} did not unpack to the binary of ../shared/validator/README.md (sha256 {SHA256})",
+            xz.display()
+        );
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&part, &bin)?;
+    Ok(bin)
+}
+
+/// A new file in `dir` with a random name (O_EXCL through mkstemp).
+fn tempfile_in(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
+    let template = dir.join(format!(".{prefix}.XXXXXX"));
+    let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())?.into_bytes_with_nul();
+    let fd = unsafe { libc::mkstemp(bytes.as_mut_ptr().cast()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("mkstemp");
+    }
+    unsafe { libc::close(fd) };
+    bytes.pop();
+    Ok(PathBuf::from(String::from_utf8(bytes)?))
+}
+
+/// `cargo xtask validator [--test]`.
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let bin = binary(root)?;
+    match args.first().map(String::as_str) {
+        None => crate::run_env(
+            root,
+            &root.join("target/release/agave-node").display().to_string(),
+            &[],
+            &[("SLOTPROF_VALIDATOR", &bin.display().to_string())],
+        ),
+        Some("--test") => {
+            if !crate::is_root() {
+                bail!("the real-node tests load eBPF programs: run `sudo cargo xtask validator --test`");
+            }
+            crate::run_env(
+                root,
+                "cargo",
+                &[
+                    "test",
+                    "--release",
+                    "-p",
+                    "slotprof-tests",
+                    "--test",
+                    "validator",
+                    "--",
+                    "--include-ignored",
+                    "--test-threads",
+                    "1",
+                    "--nocapture",
+                ],
+                &[
+                    ("SLOTPROF_VALIDATOR", &bin.display().to_string()),
+                    ("SLOTPROF_VALIDATOR_LONG", "1"),
+                ],
+            )
+        }
+        Some(other) => bail!("unknown argument {other:?}: usage: cargo xtask validator [--test]"),
+    }
+}
