@@ -344,11 +344,18 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
     let Some(_k) = kernel_with(&["syscalls:sys_enter_futex", "raw_syscalls:sys_exit"]) else {
         return;
     };
+    // Holds of 50 ms (250 ms in the emulated test VMs, where a wakeup can
+    // take tens of ms): the loop thread must reach the lock while it is
+    // still held (it arrives after a channel wakeup; 20 ms holds there
+    // were sometimes over before it came, and nothing waited), and its
+    // wait must stay over the default 10 ms per lock and slot.
+    let hold_ms = (50 * time_scale()).to_string();
+    let seconds = (3 * time_scale()).to_string();
     let (out, _) = record(
         "lock",
         &["--loop-thread", "main-loop"],
         "stall-gaps",
-        &["--seconds", "3"],
+        &["--seconds", &seconds, "--gap-ms", &hold_ms],
     );
     let locks = findings(&out, "LockContention");
     let bank = locks
