@@ -450,6 +450,11 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
             slot,
             "stop {i}: the gap is not in the slot the stop hit"
         );
+        assert!(
+            g["explanation"].as_str().unwrap().contains("stopped by a signal"),
+            "stop {i}: the gap's cause is not the stop: {}",
+            g["explanation"]
+        );
     }
     let unmatched: Vec<&serde_json::Value> = gaps
         .iter()

@@ -439,7 +439,7 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     );
     let _ = writeln!(
         md,
-        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 the one-pair table below read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Since then a switch-out inside a futex wait skips the kernel stack walk (the path is always the futex wait; one frame says so), and a wakeup walks the waker's stacks only for a sleep near the reporting minimum (half of --min-offcpu).\n"
+        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 the one-pair table below read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Before issue 15, a switch-out inside a futex wait skipped the kernel stack walk and a wakeup walked the waker's stacks only near the reporting minimum (two-pair storm 0.41-0.44 of alone). Since issue 15 no stack is taken at a switch-out or wakeup unless it will be reported: a blocked thread's kernel stack is walked (or named by its waiting system call) at its switch-in once the interval is known to be long enough, its user stack copied at its system call's exit; wakers are described by interrupt nesting and the waking task's system call, without a walk.\n"
     );
     for (which, title) in [(ALL_PROBES, "one pair"), (ALL_PROBES_2, "two pairs")] {
         let v = &VARIANTS[which];
@@ -456,7 +456,7 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let floor = filtered_costs(root, scratch)?;
     let _ = writeln!(
         md,
-        "The filtered path, what a run costs when the task is not the target's: `slotprof attach --probe-stats` to an idle process (`sleep`) while the two-pair futex storm runs alone: **sched_switch {:.0} ns/run, sched_waking {:.0} ns/run** (target < 150 ns). Both run at every switch and wakeup on the machine; they read the current task's tgid and the woken or incoming tid's byte in a 64 KiB hint of the target's threads, and stop. Run-time stats themselves cost: with both programs' bodies replaced by `return 0` (a one-off experiment, not part of this bench) the same measurement read 47 ns for each. A switch between two of the target's threads costs the table's figure: both stack walks of the outgoing thread (the kernel one skipped in a futex wait), its entry in the off-CPU map, and the incoming thread's entry read and removed; the user stack walk alone is ~1 us of the two-pair figure (measured by leaving it out).\n",
+        "The filtered path, what a run costs when the task is not the target's: `slotprof attach --probe-stats` to an idle process (`sleep`) while the two-pair futex storm runs alone: **sched_switch {:.0} ns/run, sched_waking {:.0} ns/run** (target < 150 ns). Both run at every switch and wakeup on the machine; they read the current task's tgid and the woken or incoming tid's byte in a 64 KiB hint of the target's threads, and stop. Run-time stats themselves cost: with both programs' bodies replaced by `return 0` (a one-off experiment, not part of this bench) the same measurement read 47 ns for each. A switch between two of the target's threads whose interval is not reported costs the two-pair table's figure: the outgoing thread's entry in the off-CPU map written in place, the incoming thread's read, and no stack (a storm's handoffs are far under --min-offcpu).\n",
         floor.0, floor.1
     );
     Ok(md)

@@ -14,7 +14,12 @@ use super::{ms, overlap, Buckets, DetectorConfig, Finding, Inputs, NameStack};
 /// What blocked a thread, from the kernel stack it slept in.
 pub fn blocked_on(kernel_frames: &[String]) -> &'static str {
     let has = |pat: &str| kernel_frames.iter().any(|f| f.contains(pat));
-    if has("uprobe_notify_resume") || has("handle_swbp") {
+    if has("do_signal_stop") {
+        // SIGSTOP, SIGTSTP, ...: the whole process was stopped.
+        "stopped by a signal"
+    } else if has("ptrace_stop") || has("ptrace_notify") {
+        "stopped by a tracer (ptrace)"
+    } else if has("uprobe_notify_resume") || has("handle_swbp") {
         // Inside the handling of slotprof's own uprobe (it takes the
         // process's mmap lock): the profiler's cost, said as such.
         OWN_UPROBE
@@ -272,6 +277,25 @@ mod tests {
         );
         assert_eq!(blocked_on(&k(&["do_nanosleep", "hrtimer_nanosleep"])), "sleep");
         assert_eq!(blocked_on(&k(&["schedule", "pipe_read"])), "blocked (other)");
+        // The real node stopped by SIGSTOP (its kernel stack at the switch).
+        assert_eq!(
+            blocked_on(&k(&[
+                "schedule",
+                "do_signal_stop",
+                "get_signal",
+                "arch_do_signal_or_restart"
+            ])),
+            "stopped by a signal"
+        );
+        assert_eq!(
+            blocked_on(&k(&[
+                "schedule",
+                "ptrace_stop",
+                "ptrace_do_notify",
+                "ptrace_notify"
+            ])),
+            "stopped by a tracer (ptrace)"
+        );
     }
 
     fn inputs<'a>(
