@@ -427,23 +427,52 @@ fn locked_vm_untouched_when_unevictable_off_and_kcompactd_found_when_on() {
     );
 
     // B on a freshly placed guest: after A's compaction, kcompactd may find
-    // too little left to do (CI: 910 pages once, no finding).
+    // too little left to do (CI: 910 pages once, no finding). Whether it
+    // compacts at all depends on how fragmented the host is (one CI run
+    // here: 503 guest pages in 30 s after a clean build). So B is set up
+    // again, up to three times, until the guest's own frames say kcompactd
+    // moved enough of it to be a finding; a try where it did not is still
+    // checked, for precision: no finding may be made.
     let _ = guest.finish();
-    let guest_dir = dir.join("b-guest");
-    std::fs::create_dir_all(&guest_dir).unwrap();
-    let guest = placed_guest(&guest_dir, &sysctls);
+    let mut tries = 0;
+    let (out_b, raw, moved, pid, report) = loop {
+        tries += 1;
+        let guest_dir = dir.join(format!("b{tries}-guest"));
+        std::fs::create_dir_all(&guest_dir).unwrap();
+        let guest = placed_guest(&guest_dir, &sysctls);
 
-    // B: =1 and proactiveness=100 until kcompactd is done.
-    let out_b = dir.join("b");
-    let raw = RawUnmapCount::start();
-    let host = start_host(&guest, &out_b, 30);
-    sysctls.set(1, 100);
-    wait_migration_quiet(Duration::from_secs(3), Duration::from_secs(20));
-    sysctls.set(1, 0);
-    wait_host(host);
-    let moved = guest.moved();
-    let pid = guest.pid();
-    let report = guest.finish();
+        // B: =1 and proactiveness=100 until kcompactd is done.
+        let out_b = dir.join(format!("b{tries}"));
+        let raw = RawUnmapCount::start();
+        let host = start_host(&guest, &out_b, 30);
+        sysctls.set(1, 100);
+        wait_migration_quiet(Duration::from_secs(3), Duration::from_secs(20));
+        sysctls.set(1, 0);
+        wait_host(host);
+        let moved = guest.moved();
+        let pid = guest.pid();
+        let report = guest.finish();
+        // Well over the finding's minimum (1,024 pages), so that a
+        // finding is due whatever the counts' small differences.
+        if moved >= 4 * 1024 {
+            break (out_b, raw, moved, pid, report);
+        }
+        let found = findings(&out_b, "KvmMmuInvalidation");
+        eprintln!(
+            "B try {tries}: kcompactd moved only {moved} guest pages (host not fragmented enough); \
+             slotprof made {} finding(s)",
+            found.len()
+        );
+        assert!(
+            moved >= 1024 || found.is_empty(),
+            "B try {tries}: a finding although only {moved} guest pages moved: {found:?}"
+        );
+        assert!(
+            tries < 3,
+            "kcompactd moved under 4,096 of the guest's pages in 3 tries: the kcompactd case was not \
+             reproduced on this host (its memory was not fragmented enough)"
+        );
+    };
     let (f, pages) = the_finding(&out_b, pid);
     drop(sysctls);
     let proactive = source_pages(&f, "kcompactd-proactive");
