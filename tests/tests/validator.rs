@@ -98,13 +98,29 @@ fn slotprof_with_rss(args: &[&str]) -> (bool, String, u64) {
     assert_eq!(pid, child.id() as i32, "wait4");
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     eprintln!("slotprof {args:?}:\n{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     (ok, stderr, usage.ru_maxrss as u64 * 1024)
 }
 
-fn private_dir(what: &str) -> PathBuf {
-    slotprof_tests::validator::private_temp_dir(&format!("slotprof-e2e-validator-{what}")).unwrap()
+/// A private scratch directory (mkdtemp), removed when dropped: also when
+/// a check fails, so a failing run leaves nothing behind.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn private_dir(what: &str) -> Scratch {
+    Scratch(slotprof_tests::validator::private_temp_dir(&format!("slotprof-e2e-validator-{what}")).unwrap())
 }
 
 /// Frames a thread's first user frame may be named (glibc's and Rust
@@ -322,7 +338,6 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     ] {
         assert_eq!(summary["lost"][cause], 0, "events lost: {}", summary["lost"]);
     }
-    let _ = std::fs::remove_dir_all(&out);
 
     // 2. The uprobe slot source, named as in the source code, numbered by
     // RPC; its boundaries beside the node's slot stream.
@@ -363,7 +378,6 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         n >= 20 && median.abs() < 100.0,
         "uprobe boundaries vs the node's: median {median} ms"
     );
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// An injected stall on the real node: the whole node stopped
@@ -473,7 +487,6 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
         "{} MainLoopGaps match no stop",
         unmatched.len()
     );
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// The target on a healthy idle node, over 10 minutes: at most 1
@@ -532,5 +545,4 @@ fn a_healthy_idle_node_makes_at_most_one_finding_per_hundred_slots_in_ten_minute
         findings.len(),
         slots.len()
     );
-    let _ = std::fs::remove_dir_all(&out);
 }
