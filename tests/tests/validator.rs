@@ -175,11 +175,13 @@ fn slots_of(out: &Path) -> BTreeMap<u64, serde_json::Value> {
     m
 }
 
-/// The median and the largest |a - b| over the slots both have.
-fn offsets(a: &BTreeMap<u64, u64>, b: &BTreeMap<u64, u64>) -> (f64, f64, usize) {
-    let mut d: Vec<f64> = a
+/// Each slot's end minus the test's first sight of it (ms): the median,
+/// the largest |difference|, and over how many slots.
+fn end_offsets(slots: &BTreeMap<u64, serde_json::Value>, truth: &BTreeMap<u64, u64>) -> (f64, f64, usize) {
+    let mut d: Vec<f64> = slots
         .iter()
-        .filter_map(|(n, t)| b.get(n).map(|u| (*t as f64 - *u as f64) / 1e6))
+        .filter_map(|(n, s)| Some((s["end_ns"].as_u64()?, truth.get(n)?)))
+        .map(|(t, u)| (t as f64 - *u as f64) / 1e6)
         .collect();
     d.sort_by(|x, y| x.partial_cmp(y).unwrap());
     if d.is_empty() {
@@ -252,11 +254,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     assert!(not_leader.is_empty(), "slots not marked leader: {not_leader:?}");
     // getSlot ("processed") names a slot once its bank is done, at about
     // the slot's end: slotprof's slot ends are compared with that.
-    let ends: BTreeMap<u64, u64> = slots
-        .iter()
-        .filter_map(|(n, s)| s["end_ns"].as_u64().map(|t| (*n, t)))
-        .collect();
-    let (median, max, n) = offsets(&ends, &truth);
+    let (median, max, n) = end_offsets(&slots, &truth);
     eprintln!(
         "RPC source: slot ends minus the test's first sight of each slot over getSlot: median {median:.1} ms, \
          max |{max:.1}| ms over {n} slots"
@@ -357,11 +355,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     let truth = watch.finish();
     assert!(ok, "slotprof attach with the uprobe source failed: {stderr}");
     let slots = slots_of(&out);
-    let ends: BTreeMap<u64, u64> = slots
-        .iter()
-        .filter_map(|(n, s)| s["end_ns"].as_u64().map(|t| (*n, t)))
-        .collect();
-    let (median, max, n) = offsets(&ends, &truth);
+    let (median, max, n) = end_offsets(&slots, &truth);
     eprintln!(
         "uprobe source: {} slots; slot ends (the next set_bank) minus the test's first sight of each slot: \
          median {median:.1} ms, max |{max:.1}| ms over {n} slots",

@@ -213,18 +213,11 @@ fn test(root: &Path) -> anyhow::Result<()> {
     )?;
     if is_root() {
         // The real node's short checks run when its binary can be had.
-        let node = match validator::binary(root) {
-            Ok(bin) => bin.display().to_string(),
-            Err(e) => {
-                eprintln!("xtask: the real-validator tests will be SKIPPED: {e:#}");
-                String::new()
-            }
-        };
-        let env: Vec<(&str, &str)> = if node.is_empty() {
-            Vec::new()
-        } else {
-            vec![("SLOTPROF_VALIDATOR", node.as_str())]
-        };
+        let node = validator::binary(root)
+            .map(|bin| bin.display().to_string())
+            .map_err(|e| eprintln!("xtask: the real-validator tests will be SKIPPED: {e:#}"))
+            .ok();
+        let env: Vec<(&str, &str)> = node.iter().map(|b| ("SLOTPROF_VALIDATOR", b.as_str())).collect();
         run_env(
             root,
             "cargo",
