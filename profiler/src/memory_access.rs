@@ -151,8 +151,25 @@ fn around(code: &[u8], start: u64, ip: u64) -> (Option<Instruction>, Option<Inst
     (None, prev.filter(|p| p.next_ip() == ip))
 }
 
+/// Why samples gave no memory access (summary.json's `cache_lines`: a
+/// detector that sees nothing says why).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DecodeStats {
+    /// Samples whose function start is not known (no symbol: stripped
+    /// code, JIT, or a process whose map was never read).
+    pub no_function: u64,
+    /// Samples whose code could not be read from its file.
+    pub no_code: u64,
+    /// Samples where neither the instruction at the IP nor the one before
+    /// it touched memory (or its address could not be computed).
+    pub no_memory_operand: u64,
+    /// Samples that gave at least one access.
+    pub decoded: u64,
+}
+
 /// Decodes every user-mode sample into the memory accesses it shows.
-pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> Vec<MemoryAccess> {
+pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> (Vec<MemoryAccess>, DecodeStats) {
+    let mut stats = DecodeStats::default();
     let mut info = InstructionInfoFactory::new();
     let mut starts: HashMap<(u32, u64), Option<u64>> = HashMap::new();
     let mut code: HashMap<(u32, u64), Option<Vec<u8>>> = HashMap::new();
@@ -163,9 +180,11 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> Vec<MemoryAccess> {
             .entry((s.tgid, ip))
             .or_insert_with(|| sym.function_start(s.tgid, ip))
         else {
+            stats.no_function += 1;
             continue;
         };
         if ip - start > MAX_FUNCTION_BYTES {
+            stats.no_function += 1;
             continue;
         }
         let need = (ip - start) as usize + 16;
@@ -173,8 +192,12 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> Vec<MemoryAccess> {
         if bytes.as_ref().is_none_or(|b| b.len() < need) {
             *bytes = sym.code_at(s.tgid, start, need.max(4096));
         }
-        let Some(bytes) = bytes.as_deref() else { continue };
+        let Some(bytes) = bytes.as_deref() else {
+            stats.no_code += 1;
+            continue;
+        };
         let (at, before) = around(bytes, start, ip);
+        let found = out.len();
         for (instr, executed) in [(at, false), (before, true)] {
             let Some(instr) = instr else { continue };
             for (addr, kind) in accesses_of(&instr, &s.regs, executed, &mut info) {
@@ -188,8 +211,13 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> Vec<MemoryAccess> {
                 });
             }
         }
+        if out.len() > found {
+            stats.decoded += 1;
+        } else {
+            stats.no_memory_operand += 1;
+        }
     }
-    out
+    (out, stats)
 }
 
 #[cfg(test)]

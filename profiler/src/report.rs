@@ -155,6 +155,8 @@ pub struct CacheLines {
     /// from them.
     pub samples_with_registers: usize,
     pub decoded_accesses: usize,
+    /// Per sample: what decoding made of it.
+    pub decoding: crate::memory_access::DecodeStats,
 }
 
 /// TLB work caused by the target.

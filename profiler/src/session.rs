@@ -357,7 +357,7 @@ pub async fn run(
         })
     };
     // Cache lines: decode the user-mode samples into memory accesses.
-    let accesses = crate::memory_access::decode(&agg.user_regs, &mut sym);
+    let (accesses, decoding) = crate::memory_access::decode(&agg.user_regs, &mut sym);
     let mut per_thread = std::collections::BTreeMap::new();
     for r in &agg.user_regs {
         *per_thread.entry(r.tid).or_insert(0u64) += 1;
@@ -516,6 +516,7 @@ pub async fn run(
             topology: topology.source.clone(),
             samples_with_registers: agg.user_regs.len(),
             decoded_accesses: accesses.len(),
+            decoding,
         },
         tlb: report::Tlb {
             flushes: counters.tlb_local,
@@ -580,13 +581,18 @@ pub(crate) fn uprobe_target(
 }
 
 /// After releasing a held child: its view once it has exec'd the command
-/// (its executable is no longer slotprof's), or as it is after 2 s.
+/// (its executable is no longer slotprof's), or as it is after 60 s. An
+/// exec takes a millisecond natively but can take seconds in an emulated
+/// VM under the probes; past the old 2 s limit the session took the
+/// trampoline's executable for the target's.
 async fn wait_for_exec(held: &Target) -> Target {
-    for _ in 0..400 {
-        if let Ok(now) = Target::from_pid(held.pid) {
-            if now.exe != held.exe {
-                return now;
-            }
+    for _ in 0..12_000 {
+        match Target::from_pid(held.pid) {
+            Ok(now) if now.exe != held.exe => return now,
+            Ok(_) => {}
+            // Gone (the exec failed and the trampoline exited): the
+            // session sees it exit.
+            Err(_) => break,
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
