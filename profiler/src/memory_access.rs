@@ -153,7 +153,7 @@ fn around(code: &[u8], start: u64, ip: u64) -> (Option<Instruction>, Option<Inst
 
 /// Why samples gave no memory access (summary.json's `cache_lines`: a
 /// detector that sees nothing says why).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DecodeStats {
     /// Samples whose function start is not known (no symbol: stripped
     /// code, JIT, or a process whose map was never read).
@@ -165,6 +165,9 @@ pub struct DecodeStats {
     pub no_memory_operand: u64,
     /// Samples that gave at least one access.
     pub decoded: u64,
+    /// The sampled instructions that most often gave none
+    /// (`module+0xoffset`, samples), at most five.
+    pub most_undecoded: Vec<(String, u64)>,
 }
 
 /// Decodes every user-mode sample into the memory accesses it shows.
@@ -174,6 +177,7 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> (Vec<MemoryAccess>,
     let mut starts: HashMap<(u32, u64), Option<u64>> = HashMap::new();
     let mut code: HashMap<(u32, u64), Option<Vec<u8>>> = HashMap::new();
     let mut out = Vec::new();
+    let mut undecoded: HashMap<(u32, u64), u64> = HashMap::new();
     for s in samples {
         let ip = s.regs[reg::RIP];
         let Some(start) = *starts
@@ -181,10 +185,12 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> (Vec<MemoryAccess>,
             .or_insert_with(|| sym.function_start(s.tgid, ip))
         else {
             stats.no_function += 1;
+            *undecoded.entry((s.tgid, ip)).or_default() += 1;
             continue;
         };
         if ip - start > MAX_FUNCTION_BYTES {
             stats.no_function += 1;
+            *undecoded.entry((s.tgid, ip)).or_default() += 1;
             continue;
         }
         let need = (ip - start) as usize + 16;
@@ -194,6 +200,7 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> (Vec<MemoryAccess>,
         }
         let Some(bytes) = bytes.as_deref() else {
             stats.no_code += 1;
+            *undecoded.entry((s.tgid, ip)).or_default() += 1;
             continue;
         };
         let (at, before) = around(bytes, start, ip);
@@ -215,8 +222,16 @@ pub fn decode(samples: &[UserRegs], sym: &mut Symbolizer) -> (Vec<MemoryAccess>,
             stats.decoded += 1;
         } else {
             stats.no_memory_operand += 1;
+            *undecoded.entry((s.tgid, ip)).or_default() += 1;
         }
     }
+    let mut top: Vec<((u32, u64), u64)> = undecoded.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    stats.most_undecoded = top
+        .into_iter()
+        .take(5)
+        .map(|((pid, ip), n)| (sym.module_offset(pid, ip, false), n))
+        .collect();
     (out, stats)
 }
 

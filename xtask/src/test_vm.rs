@@ -140,7 +140,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             .filter(|(name, _)| group.scenarios.contains(&name.as_str()))
             .cloned()
             .collect();
-        let wanted = |_: &str, t: &str| only.as_deref().is_none_or(|o| t.contains(o));
+        // `--test` matches part of `binary::test` (`cache_lines::` runs a
+        // whole file's tests).
+        let wanted = |b: &str, t: &str| only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o));
         let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group)?;
         if names.is_empty() {
             continue;
@@ -209,6 +211,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+    if table.is_empty() {
+        bail!(
+            "no VM scenario matched --test {:?} (scenarios are named binary::test, e.g. \
+             cache_lines::adjacent_counters_are_the_top_line_and_the_padded_twin_is_clean)",
+            only.unwrap_or_default()
+        );
     }
     println!("\nslotprof test-vm: {:.0} s", started.elapsed().as_secs_f64());
     println!("{:<8} {:<70} {:<12} note", "kernel", "scenario", "result");
