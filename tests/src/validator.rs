@@ -32,6 +32,89 @@ pub fn binary() -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// The environment variable that names the client-load program
+/// (tests/loadgen, built by `cargo xtask`).
+pub const LOADGEN_ENV: &str = "SLOTPROF_LOADGEN";
+
+/// A steady client load on a node: `loadgen` (the Solana client library:
+/// system transfers, Memo and SPL Token calls) at `rate` transactions a
+/// second. [`Load::finish`] waits for its report; dropping it stops it.
+pub struct Load {
+    child: Option<Child>,
+    report: PathBuf,
+}
+
+/// What the load did (loadgen's report).
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    pub offered_rate: f64,
+    pub reached_rate: f64,
+    pub sent: u64,
+    pub send_errors: u64,
+    pub landed: u64,
+    pub confirmed: u64,
+    pub failed: u64,
+    pub json: serde_json::Value,
+}
+
+impl Load {
+    /// Starts the load; `report` is a path in a private directory. The
+    /// program does its set-up (airdrop, a mint, accounts) first, a few
+    /// seconds, then offers `rate` a second for `seconds`.
+    pub fn start(node: &Node, rate: u32, seconds: u32, report: &Path) -> Result<Load, String> {
+        let bin = std::env::var_os(LOADGEN_ENV).map(PathBuf::from).ok_or_else(|| {
+            format!("no client load: {LOADGEN_ENV} is not set (`cargo xtask test` builds tests/loadgen and sets it)")
+        })?;
+        let child = Command::new(&bin)
+            .args(["--url", &node.rpc_url()])
+            .args(["--rate", &rate.to_string(), "--seconds", &seconds.to_string()])
+            .arg("--report")
+            .arg(report)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bin.display()))?;
+        Ok(Load {
+            child: Some(child),
+            report: report.to_path_buf(),
+        })
+    }
+
+    /// Waits for the program to end and reads its report.
+    pub fn finish(mut self) -> Result<LoadReport, String> {
+        let mut child = self.child.take().unwrap();
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("loadgen failed ({status})"));
+        }
+        let text =
+            std::fs::read_to_string(&self.report).map_err(|e| format!("{}: {e}", self.report.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", self.report.display()))?;
+        let n = |k: &str| json[k].as_u64().ok_or(format!("loadgen report: no {k}: {text}"));
+        let f = |k: &str| json[k].as_f64().ok_or(format!("loadgen report: no {k}: {text}"));
+        Ok(LoadReport {
+            offered_rate: f("offered_rate")?,
+            reached_rate: f("reached_rate")?,
+            sent: n("sent")?,
+            send_errors: n("send_errors")?,
+            landed: n("landed")?,
+            confirmed: n("confirmed")?,
+            failed: n("failed")?,
+            json,
+        })
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A running node.
 pub struct Node {
     child: Option<Child>,

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--test]>"
+                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]>"
             );
             return ExitCode::from(2);
         }
@@ -217,7 +217,15 @@ fn test(root: &Path) -> anyhow::Result<()> {
             .map(|bin| bin.display().to_string())
             .map_err(|e| eprintln!("xtask: the real-validator tests will be SKIPPED: {e:#}"))
             .ok();
-        let env: Vec<(&str, &str)> = node.iter().map(|b| ("SLOTPROF_VALIDATOR", b.as_str())).collect();
+        let load = match &node {
+            Some(_) => Some(validator::loadgen(root)?.display().to_string()),
+            None => None,
+        };
+        let env: Vec<(&str, &str)> = node
+            .iter()
+            .map(|b| ("SLOTPROF_VALIDATOR", b.as_str()))
+            .chain(load.iter().map(|l| ("SLOTPROF_LOADGEN", l.as_str())))
+            .collect();
         run_env(
             root,
             "cargo",

@@ -3,6 +3,9 @@
 //! - `cargo xtask validator`: unpacks it (once, into ~/.cache/slotprof/),
 //!   starts it on a fresh ledger in a private temporary directory, prints
 //!   how to profile it, and stops and removes it on Ctrl-C.
+//! - `cargo xtask validator --load N`: the same, with N transactions a
+//!   second from a real Solana client (tests/loadgen: transfers, Memo and
+//!   SPL Token calls).
 //! - `cargo xtask validator --test`: the real-node tests, long ones
 //!   included (`tests/tests/validator.rs`, as root).
 //!
@@ -107,17 +110,54 @@ fn tempfile_in(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(bytes)?))
 }
 
-/// `cargo xtask validator [--test]`.
+/// The real node's client load (tests/loadgen, outside the workspace: the
+/// Solana client crates), built with its lock file into target/loadgen.
+pub fn loadgen(root: &Path) -> anyhow::Result<PathBuf> {
+    crate::run(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "--locked",
+            "--manifest-path",
+            "tests/loadgen/Cargo.toml",
+            "--target-dir",
+            "target/loadgen",
+        ],
+    )
+    .context("the client load for the real node (tests/loadgen) did not build; it needs crates.io")?;
+    Ok(root.join("target/loadgen/release/loadgen"))
+}
+
+/// `cargo xtask validator [--load TX_PER_S | --test]`.
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let bin = binary(root)?;
+    let node = root.join("target/release/agave-node").display().to_string();
     match args.first().map(String::as_str) {
         None => crate::run_env(
             root,
-            &root.join("target/release/agave-node").display().to_string(),
+            &node,
             &[],
             &[("SLOTPROF_VALIDATOR", &bin.display().to_string())],
         ),
+        Some("--load") => {
+            let rate = args
+                .get(1)
+                .context("--load wants a rate in transactions per second, e.g. --load 100")?;
+            let load = loadgen(root)?;
+            crate::run_env(
+                root,
+                &node,
+                &["--load", rate],
+                &[
+                    ("SLOTPROF_VALIDATOR", &bin.display().to_string()),
+                    ("SLOTPROF_LOADGEN", &load.display().to_string()),
+                ],
+            )
+        }
         Some("--test") => {
+            let load = loadgen(root)?;
             if !crate::is_root() {
                 bail!("the real-node tests load eBPF programs: run `sudo cargo xtask validator --test`");
             }
@@ -139,10 +179,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                 ],
                 &[
                     ("SLOTPROF_VALIDATOR", &bin.display().to_string()),
+                    ("SLOTPROF_LOADGEN", &load.display().to_string()),
                     ("SLOTPROF_VALIDATOR_LONG", "1"),
                 ],
             )
         }
-        Some(other) => bail!("unknown argument {other:?}: usage: cargo xtask validator [--test]"),
+        Some(other) => {
+            bail!("unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test]")
+        }
     }
 }

@@ -55,12 +55,28 @@ pub fn detect(
     names: &mut NameStack,
 ) -> Vec<Finding> {
     let hot = inputs.hot_tids(config);
-    let mut idle_stack: HashMap<i32, bool> = HashMap::new();
+    // (waits for work, stack unknown) per user stack.
+    let mut idle_stack: HashMap<i32, (bool, bool)> = HashMap::new();
+    // Who waited on each futex in the whole session.
+    let mut waiters_of: HashMap<u64, BTreeSet<u32>> = HashMap::new();
+    for f in inputs.futex {
+        waiters_of.entry(f.uaddr).or_default().insert(f.tid);
+    }
     let mut acc: BTreeMap<(u64, u64), Acc> = BTreeMap::new();
     for f in inputs.futex {
-        let idle = *idle_stack
-            .entry(f.user_stack_id)
-            .or_insert_with(|| waits_for_work(&names(inputs.pid, f.user_stack_id, false)));
+        let (idle, unknown) = *idle_stack.entry(f.user_stack_id).or_insert_with(|| {
+            let frames = names(inputs.pid, f.user_stack_id, false);
+            (waits_for_work(&frames), frames.iter().all(|f| f.starts_with('[')))
+        });
+        // A wait whose stack is unknown (its copy skipped while the ring
+        // was busy: a loaded validator) on a futex no other thread ever
+        // waited on is a thread waiting on its own parker or event, which
+        // is how channels, condvars and pools wait for work; a contended
+        // lock has whoever contends it waiting. (On a real node under
+        // load: banking and sigverify workers each on their own address,
+        // woken by the scheduler and the fetch stage.)
+        let private = unknown && waiters_of.get(&f.uaddr).is_some_and(|w| w.len() == 1);
+        let idle = idle || private;
         // A wait that ran out its timeout was not for a lock (std's and
         // glibc's mutexes and rwlocks wait without one): it was a timed
         // wait for work or for time (`recv_timeout`, `park_timeout`, a
@@ -200,6 +216,7 @@ mod tests {
         let mut n = namer(HashMap::from([
             (7, vec!["main", "wait_for_bank_lock"]),
             (8, vec!["worker", "wait_for_bank_lock"]),
+            (9, vec!["main", "wait_for_ledger_lock"]),
             (90, vec!["holder", "hold_bank_lock", "unlock"]),
             (11, vec!["idle-worker", "std::sync::mpmc::list::Channel<T>::recv"]),
             (12, vec!["worker", "[user stack not taken]"]),
@@ -217,5 +234,43 @@ mod tests {
             "{}",
             f[0].explanation
         );
+    }
+
+    #[test]
+    fn an_unknown_stack_on_a_futex_only_its_thread_waits_on_is_a_wait_for_work() {
+        let names = HashMap::from([
+            (1, "a".to_string()),
+            (2, "b".to_string()),
+            (3, "sched".to_string()),
+        ]);
+        let waits = [
+            // Two workers, each parked on its own address, stacks not
+            // taken, woken by the scheduler: waits for work.
+            futex(1, 0, 80 * MS, 0xa00, 12, 3),
+            futex(2, 0, 80 * MS, 0xb00, 12, 3),
+            futex(1, 200 * MS, 50 * MS, 0xa00, 12, 3),
+            // Both wait on one address, stacks not taken: a lock.
+            futex(1, 300 * MS, 20 * MS, 0xc00, 12, 3),
+            futex(2, 310 * MS, 20 * MS, 0xc00, 12, 3),
+            // One waiter only, but its stack says lock: kept.
+            futex(2, 400 * MS, 30 * MS, 0xd00, 8, 3),
+        ];
+        let inp = Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &[],
+            futex: &waits,
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names: &names,
+        };
+        let mut n = namer(HashMap::from([
+            (8, vec!["wait_for_bank_lock"]),
+            (12, vec!["[user stack not taken]"]),
+        ]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        let addrs: Vec<f64> = f.iter().map(|f| f.magnitudes["address"]).collect();
+        assert_eq!(addrs, [0xc00 as f64, 0xd00 as f64], "{f:?}");
     }
 }

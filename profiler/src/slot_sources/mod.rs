@@ -73,24 +73,42 @@ impl SlotLog {
     /// The timeline from uprobe marks: each call starts a slot, numbered
     /// by the function's first argument, by the RPC slot that started
     /// closest to it (within half a slot), or by counting on from the
-    /// previous one (from 0).
+    /// previous one (back from the first the RPC numbers; from 0 when it
+    /// numbers none).
     pub fn uprobe_timeline(&self, numbers: crate::slots::SlotNumbers, session_end_ns: u64) -> Timeline {
         let rpc_len = self.measured_slot_ns();
         let rpc = self.sorted_starts();
         let mut marks = self.marks.clone();
         marks.sort_unstable();
+        let from_rpc: Vec<Option<u64>> = marks
+            .iter()
+            .map(|&(t, _)| {
+                rpc_len.and_then(|len| {
+                    rpc.iter()
+                        .min_by_key(|(_, rt)| rt.abs_diff(t))
+                        .filter(|(_, rt)| rt.abs_diff(t) < len / 2)
+                        .map(|(slot, _)| *slot)
+                })
+            })
+            .collect();
+        // Marks before the first one the RPC numbers count back from it
+        // (counting them on from 0 made a run of slots the node never had
+        // when the RPC's first answers came late: a node just out of load).
+        let first_numbered = from_rpc.iter().enumerate().find_map(|(i, n)| n.map(|n| (i, n)));
         let mut starts = Vec::with_capacity(marks.len());
         let mut prev: Option<u64> = None;
-        for (t, arg0) in marks {
-            let from_rpc = rpc_len.and_then(|len| {
-                rpc.iter()
-                    .min_by_key(|(_, rt)| rt.abs_diff(t))
-                    .filter(|(_, rt)| rt.abs_diff(t) < len / 2)
-                    .map(|(slot, _)| *slot)
-            });
+        for (i, (t, arg0)) in marks.into_iter().enumerate() {
             let n = match numbers {
                 crate::slots::SlotNumbers::FirstArgument => arg0,
-                crate::slots::SlotNumbers::Counter => from_rpc.unwrap_or_else(|| prev.map_or(0, |p| p + 1)),
+                crate::slots::SlotNumbers::Counter => match (from_rpc[i], prev, first_numbered) {
+                    (Some(n), _, _) => n,
+                    (None, Some(p), _) => p + 1,
+                    (None, None, Some((j, n))) => match n.checked_sub((j - i) as u64) {
+                        Some(n) => n,
+                        None => continue,
+                    },
+                    (None, None, None) => 0,
+                },
             };
             starts.push((n, t));
             prev = Some(n);
@@ -216,6 +234,15 @@ mod tests {
         assert!(t.slots()[0].leader);
         let t = l.uprobe_timeline(SlotNumbers::FirstArgument, 1500 * MS);
         assert_eq!(t.slots()[0].number, 77);
+        // The RPC's first answer came late: earlier marks count back from
+        // the first it numbers, not on from 0.
+        let mut late = log(&[(1006, 801 * MS), (1007, 1201 * MS), (1008, 1601 * MS)]);
+        late.marks = vec![(0, 0), (400 * MS, 0), (800 * MS, 0), (1200 * MS, 0)];
+        let t = late.uprobe_timeline(SlotNumbers::Counter, 1500 * MS);
+        assert_eq!(
+            t.slots().iter().map(|s| s.number).collect::<Vec<_>>(),
+            [1004, 1005, 1006, 1007]
+        );
         l.starts.clear();
         let t = l.uprobe_timeline(SlotNumbers::Counter, 1500 * MS);
         assert_eq!(
