@@ -4,6 +4,7 @@
 //! what it did, so tests compare slotprof's findings against the program's
 //! own ground truth rather than against fixed numbers.
 
+pub mod metrics_receiver;
 pub mod rpc_fixture;
 pub mod validator;
 
@@ -86,4 +87,21 @@ pub fn mem_available_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb << 10)
+}
+
+/// A new private directory under the system's temporary directory
+/// (mkdtemp: a random name, mode 0700).
+pub fn private_temp_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
+    let template = std::env::temp_dir().join(format!("{prefix}.XXXXXX"));
+    let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
+        .expect("no NUL in the temporary directory's path")
+        .into_bytes_with_nul();
+    let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    bytes.pop();
+    Ok(std::path::PathBuf::from(
+        String::from_utf8(bytes).expect("the temporary directory's path is UTF-8"),
+    ))
 }

@@ -145,35 +145,29 @@ fn free_port(pair: bool) -> u16 {
     panic!("no free port on this machine");
 }
 
-/// A new private directory under the system's temporary directory
-/// (mkdtemp: a random name, mode 0700).
-pub fn private_temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
-    let template = std::env::temp_dir().join(format!("{prefix}.XXXXXX"));
-    let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
-        .expect("no NUL in the temporary directory's path")
-        .into_bytes_with_nul();
-    let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-    if made.is_null() {
-        return Err(std::io::Error::last_os_error());
-    }
-    bytes.pop();
-    Ok(PathBuf::from(
-        String::from_utf8(bytes).expect("the temporary directory's path is UTF-8"),
-    ))
-}
-
 impl Node {
     /// Starts `bin` on a fresh ledger and waits until it has made
     /// `first_slots` slots (a fresh node's first slot comes after ~15 s on
     /// 2 vCPUs), at most `timeout`.
     pub fn start(bin: &Path, first_slots: u64, timeout: Duration) -> Result<Node, String> {
-        let dir = private_temp_dir("slotprof-validator")
+        Node::start_with_env(bin, first_slots, timeout, &[])
+    }
+
+    /// [`Node::start`] with more environment (`SOLANA_METRICS_CONFIG`).
+    pub fn start_with_env(
+        bin: &Path,
+        first_slots: u64,
+        timeout: Duration,
+        env: &[(&str, &str)],
+    ) -> Result<Node, String> {
+        let dir = crate::private_temp_dir("slotprof-validator")
             .map_err(|e| format!("cannot make a ledger directory: {e}"))?;
         let rpc_port = free_port(true);
         let faucet_port = free_port(false);
         let gossip_port = free_port(false);
         let log = std::fs::File::create(dir.join("validator.log")).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(bin);
+        cmd.envs(env.iter().copied());
         cmd.arg("--ledger")
             .arg(dir.join("ledger"))
             .args(["--reset", "--quiet", "--bind-address", "127.0.0.1"])

@@ -127,6 +127,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
     tools(root)?;
     let cache = cache_dir()?;
+    remove_stale_initramfs(&cache);
     let tests = test_executables(root)?;
     let busybox = busybox(&cache)?;
     let started = Instant::now();
@@ -282,6 +283,28 @@ fn cache_dir() -> anyhow::Result<PathBuf> {
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Initramfs images (~360 MB each) left by runs that were killed: named
+/// by their run's pid, removed when that process is gone.
+fn remove_stale_initramfs(cache: &Path) {
+    for e in std::fs::read_dir(cache).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("initramfs-")
+            .and_then(|r| r.strip_suffix(".cpio"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            eprintln!(
+                "xtask: removing {} (left by a run that did not finish)",
+                e.path().display()
+            );
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// A bootable kernel.

@@ -119,12 +119,15 @@ pub fn slotprof() -> PathBuf {
     p
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, made by mkdtemp (a private,
+/// unpredictable name: never a path another user could have prepared).
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("slotprof-e2e-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    slotprof_tests::private_temp_dir(&format!("slotprof-e2e-{test}")).unwrap_or_else(|e| {
+        panic!(
+            "cannot make a scratch directory under {}: {e}",
+            std::env::temp_dir().display()
+        )
+    })
 }
 
 /// Runs slotprof with `args` and returns its output, echoing it for the test log.
