@@ -196,22 +196,6 @@ fn slots_of(out: &Path) -> BTreeMap<u64, serde_json::Value> {
     m
 }
 
-/// Each slot's end minus the test's first sight of it (ms): the median,
-/// the largest |difference|, and over how many slots.
-fn end_offsets(slots: &BTreeMap<u64, serde_json::Value>, truth: &BTreeMap<u64, u64>) -> (f64, f64, usize) {
-    let mut d: Vec<f64> = slots
-        .iter()
-        .filter_map(|(n, s)| Some((s["end_ns"].as_u64()?, truth.get(n)?)))
-        .map(|(t, u)| (t as f64 - *u as f64) / 1e6)
-        .collect();
-    d.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    if d.is_empty() {
-        return (f64::NAN, f64::NAN, 0);
-    }
-    let max = d.iter().map(|x| x.abs()).fold(0.0, f64::max);
-    (d[d.len() / 2], max, d.len())
-}
-
 /// CLOCK_REALTIME minus CLOCK_MONOTONIC now, in ns (metrics points carry
 /// the node's realtime; slotprof's slots the monotonic clock).
 fn realtime_minus_monotonic() -> i128 {
@@ -225,29 +209,37 @@ fn realtime_minus_monotonic() -> i128 {
 }
 
 /// The node's own per-slot series in its metrics: for each measurement
-/// with a slot-numbered integer field, slot -> the point's time on the
+/// with a `slot` integer field, slot -> the point's time on the
 /// monotonic clock (the first point per slot).
-fn metric_slot_series(metrics: &MetricsReceiver) -> BTreeMap<(String, String), BTreeMap<u64, u64>> {
+fn metric_slot_series(metrics: &MetricsReceiver) -> BTreeMap<String, BTreeMap<u64, u64>> {
     let offset = realtime_minus_monotonic();
     let mut out = BTreeMap::new();
     for m in metrics.measurements() {
-        for field in ["slot", "count"] {
-            let mut series = BTreeMap::new();
-            for p in metrics.points(&m) {
-                let Some(slot) = p.int(field).filter(|&s| s > 0) else {
-                    continue;
-                };
-                let mono = p.unix_ns as i128 - offset;
-                if mono > 0 {
-                    series.entry(slot as u64).or_insert(mono as u64);
-                }
+        let mut series = BTreeMap::new();
+        for p in metrics.points(&m) {
+            let Some(slot) = p.int("slot").filter(|&s| s > 0) else {
+                continue;
+            };
+            let mono = p.unix_ns as i128 - offset;
+            if mono > 0 {
+                series.entry(slot as u64).or_insert(mono as u64);
             }
-            if series.len() >= 10 {
-                out.insert((m.clone(), field.to_string()), series);
-            }
+        }
+        if series.len() >= 10 {
+            out.insert(m, series);
         }
     }
     out
+}
+
+/// The node's slot starts: its `replay_stage-new_leader` point per slot.
+fn new_leader_series(series: &BTreeMap<String, BTreeMap<u64, u64>>) -> &BTreeMap<u64, u64> {
+    series.get("replay_stage-new_leader").unwrap_or_else(|| {
+        panic!(
+            "no replay_stage-new_leader points from the node: {:?}",
+            series.keys()
+        )
+    })
 }
 
 /// `field` ("start_ns" or "end_ns") of each slot minus `truth`'s time for
@@ -328,11 +320,11 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         metrics.rejected()
     );
     let slots_now = slots_of(&out);
-    for ((m, field), truth) in &series {
+    for (m, truth) in &series {
         let (s_med, s_max, n) = offsets(&slots_now, truth, "start_ns");
         let (e_med, e_max, _) = offsets(&slots_now, truth, "end_ns");
         eprintln!(
-            "  {m}.{field}: {} slots; over {n} of slotprof's: start - point median {s_med:.1} ms (max |{s_max:.1}|), \
+            "  {m}: {} slots; over {n} of slotprof's: start - point median {s_med:.1} ms (max |{s_max:.1}|), \
              end - point median {e_med:.1} ms (max |{e_max:.1}|)",
             truth.len()
         );
@@ -340,14 +332,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     // The node starts each slot it leads with a `replay_stage-new_leader`
     // point (beside `bank-new_from_parent-heights`): the RPC source's
     // slot starts are within 5 ms of it (measured: median 0.7 ms, max 4.6).
-    let new_leader = series
-        .get(&("replay_stage-new_leader".to_string(), "slot".to_string()))
-        .unwrap_or_else(|| {
-            panic!(
-                "no replay_stage-new_leader points from the node: {:?}",
-                series.keys()
-            )
-        });
+    let new_leader = new_leader_series(&series);
     let (s_med, _, n) = offsets(&slots_now, new_leader, "start_ns");
     assert!(
         n >= 60 && s_med.abs() <= 5.0,
@@ -400,7 +385,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     assert!(not_leader.is_empty(), "slots not marked leader: {not_leader:?}");
     // getSlot ("processed") names a slot once its bank is done, at about
     // the slot's end: slotprof's slot ends are compared with that.
-    let (median, max, n) = end_offsets(&slots, &truth);
+    let (median, max, n) = offsets(&slots, &truth, "end_ns");
     eprintln!(
         "RPC source: slot ends minus the test's first sight of each slot over getSlot: median {median:.1} ms, \
          max |{max:.1}| ms over {n} slots"
@@ -504,7 +489,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     let truth = watch.finish();
     assert!(ok, "slotprof attach with the uprobe source failed: {stderr}");
     let slots = slots_of(&out);
-    let (median, max, n) = end_offsets(&slots, &truth);
+    let (median, max, n) = offsets(&slots, &truth, "end_ns");
     eprintln!(
         "uprobe source: {} slots; slot ends (the next set_bank) minus the test's first sight of each slot: \
          median {median:.1} ms, max |{max:.1}| ms over {n} slots",
@@ -524,14 +509,7 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     // than the metric's and the RPC source's. Bounded, not hidden.
     std::thread::sleep(Duration::from_secs(11));
     let series = metric_slot_series(&metrics);
-    let new_leader = series
-        .get(&("replay_stage-new_leader".to_string(), "slot".to_string()))
-        .unwrap_or_else(|| {
-            panic!(
-                "no replay_stage-new_leader points from the node: {:?}",
-                series.keys()
-            )
-        });
+    let new_leader = new_leader_series(&series);
     let (s_med, s_max, n) = offsets(&slots, new_leader, "start_ns");
     eprintln!(
         "uprobe source: slot starts minus the node's replay_stage-new_leader points: median {s_med:.2} ms, \

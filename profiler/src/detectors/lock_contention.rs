@@ -180,6 +180,24 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// Inputs of process 1 holding only futex waits.
+    fn futex_inputs<'a>(
+        waits: &'a [FutexWait],
+        short_futex: &'a [(u64, u64, u64)],
+        names: &'a HashMap<u32, String>,
+    ) -> Inputs<'a> {
+        Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &[],
+            futex: waits,
+            loop_marks: &[],
+            short_futex,
+            thread_names: names,
+        }
+    }
+
     #[test]
     fn the_most_waited_lock_comes_first_with_both_stacks() {
         let names = HashMap::from([
@@ -203,16 +221,7 @@ mod tests {
                 ..futex(2, 100 * MS, 100 * MS, 0xee0, 12, 0)
             },
         ];
-        let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &[],
-            futex: &waits,
-            loop_marks: &[],
-            short_futex: &[(0xaa0, 100, 5 * MS)],
-            thread_names: &names,
-        };
+        let inp = futex_inputs(&waits, &[(0xaa0, 100, 5 * MS)], &names);
         let mut n = namer(HashMap::from([
             (7, vec!["main", "wait_for_bank_lock"]),
             (8, vec!["worker", "wait_for_bank_lock"]),
@@ -255,16 +264,7 @@ mod tests {
             // One waiter only, but its stack says lock: kept.
             futex(2, 400 * MS, 30 * MS, 0xd00, 8, 3),
         ];
-        let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &[],
-            futex: &waits,
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: &names,
-        };
+        let inp = futex_inputs(&waits, &[], &names);
         let mut n = namer(HashMap::from([
             (8, vec!["wait_for_bank_lock"]),
             (12, vec!["[user stack not taken]"]),
