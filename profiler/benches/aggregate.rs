@@ -45,17 +45,19 @@ fn main() {
             }
         }
         let t1 = Instant::now();
-        let (start, end) = agg.span().unwrap_or((0, 1));
+        let (start, end) = agg.span().unwrap().unwrap_or((0, 1));
         let timeline = Timeline::clock(Duration::from_millis(400), start, Some((4, 8)), start, end + 1);
         let table = StackTable::new();
         let mut sym = Symbolizer::new();
-        let per_slot = agg.resolve_slots(&timeline, &table, &mut sym);
+        let per_slot = agg.resolve_slots(&timeline, &table, &mut sym).unwrap();
         let t2 = Instant::now();
         let names = agg.thread_names();
+        let config = DetectorConfig::default();
+        let intervals = agg.detector_intervals(&config, &names).unwrap();
         let inputs = Inputs {
             pid,
             samples: agg.samples(),
-            intervals: agg.intervals(),
+            intervals: &intervals,
             madvise: &agg.madvise_log,
             futex: &agg.futex_log,
             loop_marks: &agg.loop_marks,
@@ -64,9 +66,7 @@ fn main() {
         };
         let buckets = Buckets::new(Some(&timeline), start);
         let mut namer = StackNamer::new(&table, &mut sym);
-        let findings = detectors::run_all(&inputs, &DetectorConfig::default(), &buckets, &mut |t, id, k| {
-            namer.part(t, id, k)
-        });
+        let findings = detectors::run_all(&inputs, &config, &buckets, &mut |t, id, k| namer.part(t, id, k));
         let t3 = Instant::now();
         std::hint::black_box((&per_slot, &findings));
         runs.push((t1 - t0, t2 - t1, t3 - t2, timeline.slots().len()));

@@ -15,6 +15,7 @@ use symbolizer::Symbolizer;
 
 use crate::{
     events::{comm_str, Event},
+    intervals::IntervalStore,
     slots::Timeline,
 };
 
@@ -80,8 +81,8 @@ pub fn syscall_wait_frame(nr: i32) -> String {
 pub struct Aggregator {
     /// Every on-CPU sample: time and stack.
     sample_log: Vec<(u64, StackKey)>,
-    /// Every off-CPU interval.
-    interval_log: Vec<Interval>,
+    /// Every off-CPU interval (off the heap past the newest 65,536).
+    interval_log: IntervalStore,
     /// Every madvise call of the target.
     pub madvise_log: Vec<MadviseCall>,
     /// Every futex wait over the minimum.
@@ -183,7 +184,7 @@ impl Aggregator {
             user_stack_id: o.user_stack_id,
             kernel_stack_id: o.kernel_stack_id,
         };
-        self.interval_log.push(Interval {
+        self.interval_log.push(&Interval {
             start_ns: o.start_ns,
             end_ns: o.end_ns,
             key,
@@ -245,13 +246,12 @@ impl Aggregator {
     }
 
     /// Every stack id the counted events refer to.
-    pub fn stack_ids(&self) -> HashSet<i32> {
-        let keys = self
+    pub fn stack_ids(&self) -> std::io::Result<HashSet<i32>> {
+        let mut ids: HashSet<i32> = self
             .sample_log
             .iter()
             .map(|(_, k)| k)
-            .chain(self.interval_log.iter().map(|i| &i.key));
-        keys.flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
+            .flat_map(|k| [k.user_stack_id, k.kernel_stack_id])
             .chain(self.madvise_log.iter().map(|m| m.user_stack_id))
             .chain(
                 self.futex_log
@@ -259,7 +259,15 @@ impl Aggregator {
                     .flat_map(|f| [f.user_stack_id, f.waker_user_stack_id]),
             )
             .filter(|&id| id >= 0)
-            .collect()
+            .collect();
+        self.interval_log.for_each(|i| {
+            ids.extend(
+                [i.key.user_stack_id, i.key.kernel_stack_id]
+                    .into_iter()
+                    .filter(|&id| id >= 0),
+            )
+        })?;
+        Ok(ids)
     }
 
     /// Per-thread totals, busiest first.
@@ -283,17 +291,17 @@ impl Aggregator {
     }
 
     /// Names every counted stack and builds the whole session's profiles.
-    pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> Profiles {
+    pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> std::io::Result<Profiles> {
         let mut names = StackNamer::new(stacks, sym);
         let mut on: HashMap<StackKey, u64> = HashMap::new();
         for (_, key) in &self.sample_log {
             *on.entry(*key).or_default() += 1;
         }
         let mut off: HashMap<(StackKey, bool), u64> = HashMap::new();
-        for i in &self.interval_log {
+        self.interval_log.for_each(|i| {
             *off.entry((i.key, i.preempted)).or_default() += i.end_ns.saturating_sub(i.start_ns);
-        }
-        names.profiles(&on, &off)
+        })?;
+        Ok(names.profiles(&on, &off))
     }
 
     /// One profile per slot of `timeline` (indexed like its slots): samples
@@ -304,14 +312,13 @@ impl Aggregator {
         timeline: &Timeline,
         stacks: &StackTable,
         sym: &mut Symbolizer,
-    ) -> Vec<Profiles> {
+    ) -> anyhow::Result<Vec<Profiles>> {
         let mut out = Vec::with_capacity(timeline.slots().len());
         self.resolve_slots_each(timeline, stacks, sym, |_, p| {
             out.push(p);
             Ok(())
-        })
-        .expect("collecting cannot fail");
-        out
+        })?;
+        Ok(out)
     }
 
     /// [`Self::resolve_slots`] handed out slot by slot, in order: only one
@@ -332,11 +339,11 @@ impl Aggregator {
                 *on[i].entry(*key).or_default() += 1;
             }
         }
-        for iv in &self.interval_log {
+        self.interval_log.for_each(|iv| {
             for (i, ns) in timeline.split(iv.start_ns, iv.end_ns) {
                 *off[i].entry((iv.key, iv.preempted)).or_default() += ns;
             }
-        }
+        })?;
         let mut names = StackNamer::new(stacks, sym);
         for (i, (on, off)) in on.iter_mut().zip(off.iter_mut()).enumerate() {
             let p = names.profiles(on, off);
@@ -348,17 +355,20 @@ impl Aggregator {
         Ok(())
     }
 
-    /// What the detectors read, from what was counted.
+    /// What the detectors read, from what was counted; `intervals` are
+    /// those of the threads the detectors look at
+    /// ([`Self::detector_intervals`]).
     pub fn inputs<'a>(
         &'a self,
         pid: u32,
         short_futex: &'a [(u64, u64, u64)],
         thread_names: &'a HashMap<u32, String>,
+        intervals: &'a [Interval],
     ) -> crate::detectors::Inputs<'a> {
         crate::detectors::Inputs {
             pid,
             samples: &self.sample_log,
-            intervals: &self.interval_log,
+            intervals,
             madvise: &self.madvise_log,
             futex: &self.futex_log,
             loop_marks: &self.loop_marks,
@@ -373,8 +383,26 @@ impl Aggregator {
     }
 
     /// Every off-CPU interval.
-    pub fn intervals(&self) -> &[Interval] {
+    pub fn intervals(&self) -> &IntervalStore {
         &self.interval_log
+    }
+
+    /// The off-CPU intervals the detectors read: the loop thread's (the
+    /// gap detector's; the others read no intervals).
+    pub fn detector_intervals(
+        &self,
+        config: &crate::detectors::DetectorConfig,
+        thread_names: &HashMap<u32, String>,
+    ) -> std::io::Result<Vec<Interval>> {
+        let tids: Vec<u32> = self
+            .inputs(0, &[], thread_names, &[])
+            .loop_tid(config)
+            .into_iter()
+            .collect();
+        if tids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.interval_log.of_threads(&tids)
     }
 
     /// Thread names by tid.
@@ -386,13 +414,17 @@ impl Aggregator {
     }
 
     /// Time span of the events seen, CLOCK_MONOTONIC ns.
-    pub fn span(&self) -> Option<(u64, u64)> {
-        let times = self
+    pub fn span(&self) -> std::io::Result<Option<(u64, u64)>> {
+        let mut span = self
             .sample_log
             .iter()
             .map(|(t, _)| (*t, *t))
-            .chain(self.interval_log.iter().map(|i| (i.start_ns, i.end_ns)));
-        times.reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+            .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
+        self.interval_log.for_each(|i| {
+            let (a, b) = span.unwrap_or((i.start_ns, i.end_ns));
+            span = Some((a.min(i.start_ns), b.max(i.end_ns)));
+        })?;
+        Ok(span)
     }
 }
 
@@ -607,10 +639,10 @@ mod tests {
         }
         agg.ingest(&Event::OffCpu(off(3, 100, 2_100, 1)));
         agg.ingest(&Event::OffCpu(off(3, 5_000, 6_000, 0)));
-        assert_eq!(agg.stack_ids(), HashSet::from([7]));
+        assert_eq!(agg.stack_ids().unwrap(), HashSet::from([7]));
         let mut sym = Symbolizer::new();
         // Stack 7 was never read back from the kernel.
-        let p = agg.resolve(&StackTable::new(), &mut sym);
+        let p = agg.resolve(&StackTable::new(), &mut sym).unwrap();
         assert_eq!(p.oncpu.to_text(), "hot;[user stack lost] 3\n");
         assert_eq!(p.offcpu.total(), 3_000);
         assert_eq!(p.offcpu.total_where(|f| f.starts_with("[preempted")), 1_000);
@@ -644,11 +676,11 @@ mod tests {
         agg.ingest(&Event::OffCpu(off(3, 8, 25, 1)));
         let t = Timeline::clock(std::time::Duration::from_nanos(10), 0, None, 0, 30);
         let mut sym = Symbolizer::new();
-        let per = agg.resolve_slots(&t, &StackTable::new(), &mut sym);
+        let per = agg.resolve_slots(&t, &StackTable::new(), &mut sym).unwrap();
         let on: Vec<u64> = per.iter().map(|p| p.oncpu.total()).collect();
         let off: Vec<u64> = per.iter().map(|p| p.offcpu.total()).collect();
         assert_eq!(on, [1, 3, 0]); // ts 99 is outside every slot
         assert_eq!(off, [2, 10, 5]);
-        assert_eq!(agg.span(), Some((5, 99)));
+        assert_eq!(agg.span().unwrap(), Some((5, 99)));
     }
 }

@@ -16,6 +16,7 @@ pub mod diff;
 pub mod duration;
 pub mod events;
 pub mod host;
+pub mod intervals;
 pub mod memory_access;
 pub mod metrics;
 pub mod output;

@@ -184,6 +184,11 @@ pub struct Counts {
     pub offcpu_ns: u64,
     pub oncpu_stacks: usize,
     pub offcpu_stacks: usize,
+    /// Bytes of off-CPU intervals kept in slotprof's unnamed temporary
+    /// file rather than in memory (the newest 65,536 stay in memory).
+    pub offcpu_interval_file_bytes: u64,
+    /// slotprof's own peak resident memory over the session (VmHWM).
+    pub peak_rss_bytes: u64,
     /// Samples the kernel counted for the target (userspace received
     /// `oncpu_samples` of them; the difference is in `lost`).
     pub kernel_samples: u64,
@@ -410,4 +415,16 @@ pub fn kernel_release() -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// This process's peak resident memory (VmHWM), 0 if unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }

@@ -289,7 +289,10 @@ pub async fn run(
     let unwinding;
     let unwind_warnings;
     let stacks: StackTable = {
-        let table = stacks.table(&probes, agg.stack_ids());
+        let table = stacks.table(
+            &probes,
+            agg.stack_ids().context("reading back the off-CPU intervals")?,
+        );
         unwinding = report::Unwinding::new(&stacks.user, &counters);
         unwind_warnings = stacks.user.unwinder.take_warnings();
         table
@@ -303,7 +306,9 @@ pub async fn run(
     drop(ring);
     drop(probes);
 
-    let profiles = agg.resolve(&stacks, &mut sym);
+    let profiles = agg
+        .resolve(&stacks, &mut sym)
+        .context("reading back the off-CPU intervals")?;
     let longest_offcpu = agg.longest_intervals();
     let subtitle = format!(
         "{} (pid {}), {:.1} s at {} Hz, slotprof {}",
@@ -344,7 +349,10 @@ pub async fn run(
         None => Timeline::default(),
     };
     let thread_names = agg.thread_names();
-    let inputs = agg.inputs(target.pid, &short_futex, &thread_names);
+    let detector_intervals = agg
+        .detector_intervals(&opts.detectors, &thread_names)
+        .context("reading back the off-CPU intervals")?;
+    let inputs = agg.inputs(target.pid, &short_futex, &thread_names, &detector_intervals);
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
     let topology = match &opts.detectors.topology {
         Some(file) => crate::topology::Topology::from_file(file)?,
@@ -421,6 +429,7 @@ pub async fn run(
     );
 
     let mut warnings = unwind_warnings;
+    warnings.extend(agg.intervals().file_error().map(str::to_string));
     if let Some(advice) = &frame_pointers.advice {
         warnings.push(advice.clone());
     }
@@ -479,6 +488,8 @@ pub async fn run(
             offcpu_ns: agg.offcpu_ns,
             oncpu_stacks: profiles.oncpu.len(),
             offcpu_stacks: profiles.offcpu.len(),
+            offcpu_interval_file_bytes: agg.intervals().file_bytes(),
+            peak_rss_bytes: report::peak_rss_bytes(),
             kernel_samples: counters.samples,
         },
         lost,

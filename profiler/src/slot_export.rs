@@ -8,8 +8,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
-    aggregate::{Interval, Profiles, StackKey},
+    aggregate::{Profiles, StackKey},
     detectors::Finding,
+    intervals::IntervalStore,
     output::write_atomic,
     report::write_profiles,
     slots::{Slot, Timeline},
@@ -208,7 +209,7 @@ pub fn write_trace(
     process: &str,
     timeline: &Timeline,
     samples: &[(u64, StackKey)],
-    intervals: &[Interval],
+    intervals: &IntervalStore,
 ) -> std::io::Result<()> {
     let us = |ns: u64| ns as f64 / 1e3;
     // Pseudo-threads for the slot tracks, far from real tids.
@@ -245,19 +246,19 @@ pub fn write_trace(
     )?;
     // A thread's name is the last one it had: threads name themselves
     // after they start.
-    let mut named: BTreeMap<u32, (u64, &[u8; profiler_ebpf::COMM_LEN])> = BTreeMap::new();
-    let seen = samples
-        .iter()
-        .map(|(ts, k)| (k.tid, *ts, &k.comm))
-        .chain(intervals.iter().map(|i| (i.key.tid, i.end_ns, &i.key.comm)));
-    for (tid, ts, comm) in seen {
+    let mut named: BTreeMap<u32, (u64, [u8; profiler_ebpf::COMM_LEN])> = BTreeMap::new();
+    let mut name = |tid: u32, ts: u64, comm: [u8; profiler_ebpf::COMM_LEN]| {
         let e = named.entry(tid).or_insert((ts, comm));
         if ts >= e.0 {
             *e = (ts, comm);
         }
+    };
+    for (ts, k) in samples {
+        name(k.tid, *ts, k.comm);
     }
+    intervals.for_each(|i| name(i.key.tid, i.end_ns, i.key.comm))?;
     for (tid, (_, comm)) in &named {
-        let comm = crate::events::comm_str(*comm);
+        let comm = crate::events::comm_str(comm);
         event(
             w,
             json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}),
@@ -287,19 +288,24 @@ pub fn write_trace(
             "tid": WINDOWS_TID, "ts": us(start), "dur": us(end - start)}),
         )?;
     }
-    for i in intervals {
+    let mut written = Ok(());
+    intervals.for_each(|i| {
+        if written.is_err() {
+            return;
+        }
         let name = if i.preempted {
             "off-CPU (waiting for a CPU)"
         } else {
             "off-CPU (blocked)"
         };
         let dur = us(i.end_ns.saturating_sub(i.start_ns));
-        event(
+        written = event(
             w,
             json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.key.tid,
             "ts": us(i.start_ns), "dur": dur}),
-        )?;
-    }
+        );
+    })?;
+    written?;
     for (ts, k) in samples {
         event(
             w,

@@ -634,6 +634,171 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
     );
 }
 
+/// The tid of the node's thread named `comm`.
+fn thread_named(pid: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == comm))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// A thread's CPU affinity, set to one CPU and given back when dropped
+/// (also when a check fails).
+struct Pinned {
+    tid: u32,
+    before: libc::cpu_set_t,
+}
+
+impl Pinned {
+    fn to(tid: u32, cpu: usize) -> std::io::Result<Pinned> {
+        unsafe {
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &mut before) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            if libc::sched_setaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Pinned { tid, before })
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        unsafe {
+            libc::sched_setaffinity(
+                self.tid as i32,
+                std::mem::size_of::<libc::cpu_set_t>(),
+                &self.before,
+            );
+        }
+    }
+}
+
+/// A CPU hog on the PoH thread's CPU: the test validator does not pin
+/// its PoH thread (a mainnet validator pins it to `--poh-pinned-cpu-core`),
+/// so the test pins it to CPU 1, then runs a SCHED_FIFO spinner on that
+/// CPU for 60 ms, three times (a real-time process, or an interrupt storm,
+/// that takes the core). Each burst must be a MainLoopGap of the PoH
+/// thread, caused by waiting for a CPU, in the slot it hit; gaps no burst
+/// made are counted (precision).
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
+    let Some(_k) = kernel() else { return };
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!(
+            "SKIPPED: the hog needs a second CPU (one for the hog and the PoH thread, one for the rest)"
+        );
+        return;
+    }
+    let Some(node) = node() else { return };
+    let pid = node.pid();
+    let poh = thread_named(pid, "solPohTickProd").expect("the node has no solPohTickProd thread");
+    let _pinned = Pinned::to(poh, 1).expect("pin the PoH thread");
+    let out = private_dir("hog");
+    let args = [
+        "attach".to_string(),
+        "--pid".into(),
+        pid.to_string(),
+        "--duration".into(),
+        "30s".into(),
+        "--slot-source".into(),
+        format!("rpc={}", node.rpc_url()),
+        "--loop-thread".into(),
+        "solPohTickProd".into(),
+        "--gap-threshold".into(),
+        "30ms".into(),
+        "--out".into(),
+        out.to_str().unwrap().into(),
+    ];
+    let bursts = Arc::new(Mutex::new(Vec::new()));
+    let hog = {
+        let bursts = bursts.clone();
+        std::thread::spawn(move || {
+            let _me = Pinned::to(unsafe { libc::gettid() } as u32, 1).expect("pin the hog");
+            let param = libc::sched_param { sched_priority: 1 };
+            let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+            assert!(fifo, "SCHED_FIFO: {}", std::io::Error::last_os_error());
+            std::thread::sleep(Duration::from_secs(10));
+            for _ in 0..3 {
+                let at = monotonic_ns();
+                while monotonic_ns() - at < 60_000_000 {
+                    std::hint::spin_loop();
+                }
+                bursts.lock().unwrap().push((at, monotonic_ns()));
+                std::thread::sleep(Duration::from_secs(6));
+            }
+        })
+    };
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, stderr, _) = slotprof_with_rss(&argv);
+    hog.join().unwrap();
+    assert!(ok, "slotprof attach failed: {stderr}");
+    let bursts = bursts.lock().unwrap().clone();
+    let slots = slots_of(&out);
+    let gaps = findings(&out, "MainLoopGap");
+    let mut matched = vec![false; gaps.len()];
+    for (i, (from, to)) in bursts.iter().enumerate() {
+        // The gap that covers most of the burst.
+        let hit = gaps.iter().position(|g| {
+            let start = g["start_ns"].as_u64().unwrap();
+            let end = start + g["duration_ns"].as_u64().unwrap();
+            start.max(*from) + 30_000_000 <= end.min(*to)
+        });
+        let Some(j) = hit else {
+            panic!("hog burst {i} is no MainLoopGap of the PoH thread: {gaps:?}");
+        };
+        matched[j] = true;
+        let g = &gaps[j];
+        let slot = slots
+            .iter()
+            .find(|(_, s)| s["start_ns"].as_u64().unwrap() <= *from && *from < s["end_ns"].as_u64().unwrap())
+            .map(|(n, _)| *n);
+        eprintln!(
+            "hog burst {i}: {:.1} ms -> MainLoopGap of {:.1} ms in slot {} (the burst's slot {slot:?}): {}",
+            (to - from) as f64 / 1e6,
+            g["duration_ns"].as_u64().unwrap() as f64 / 1e6,
+            g["slot"],
+            g["explanation"]
+        );
+        assert_eq!(
+            g["cause"], "waiting for a CPU",
+            "hog burst {i}: {}",
+            g["explanation"]
+        );
+        assert!(
+            g["magnitudes"]["runqueue_ms"].as_f64().unwrap() >= 30.0,
+            "hog burst {i}: {}",
+            g["explanation"]
+        );
+        // The burst's slot, or the next when the gap began just before its end.
+        let n = g["slot"].as_u64();
+        assert!(
+            n == slot || n == slot.map(|s| s + 1),
+            "hog burst {i}: the gap is in slot {n:?}, the burst in {slot:?}"
+        );
+    }
+    let unmatched: Vec<&serde_json::Value> = gaps
+        .iter()
+        .zip(&matched)
+        .filter(|(_, m)| !**m)
+        .map(|(g, _)| g)
+        .collect();
+    for g in &unmatched {
+        eprintln!("a gap no burst made: {}", g["explanation"]);
+    }
+    assert!(
+        unmatched.len() <= 1,
+        "{} MainLoopGaps match no hog burst",
+        unmatched.len()
+    );
+}
+
 /// The target on a healthy idle node, over 10 minutes: at most 1
 /// finding per 100 slots, each listed with its stack. Long: run by
 /// `sudo cargo xtask validator --test`, not by `cargo xtask test`.

@@ -753,7 +753,7 @@ impl Chunk<'_> {
             &mut agg,
             &mut |tid, start| stacks.user.of_sleeper(self.target.pid, tid, start),
         );
-        let table = stacks.table(probes, agg.stack_ids());
+        let table = stacks.table(probes, agg.stack_ids()?);
         // Stacks of events still pending and of threads asleep now are
         // copied before their map is emptied.
         let still_needed = pending
@@ -776,10 +776,11 @@ impl Chunk<'_> {
             snap.unwind_table_bytes = stacks.user.unwinder.table_bytes() as u64;
         }
         let timeline = Timeline::new(slots.to_vec());
-        let per_slot = agg.resolve_slots(&timeline, &table, sym);
+        let per_slot = agg.resolve_slots(&timeline, &table, sym)?;
         let thread_names = agg.thread_names();
         let short_futex = probes.short_futex_waits();
-        let inputs = agg.inputs(self.target.pid, &short_futex, &thread_names);
+        let intervals = agg.detector_intervals(&self.detector_config, &thread_names)?;
+        let inputs = agg.inputs(self.target.pid, &short_futex, &thread_names, &intervals);
         let buckets = detectors::Buckets::new(Some(&timeline), c);
         let findings = {
             let mut namer = StackNamer::new(&table, sym);

@@ -1,0 +1,334 @@
+//! Every off-CPU interval of a session, kept off the heap.
+//!
+//! A busy node makes thousands of intervals a second (the real validator
+//! ~7,500/s across 166 threads), and a session needs all of them at its
+//! end: the profiles split them at slot boundaries, the gap detector reads
+//! its thread's, the trace lists them. Kept as they come they cost 64
+//! bytes each and grow without bound. Here each is 32 bytes (its thread
+//! and stacks interned once), the newest [`IN_MEMORY`] stay in memory,
+//! and older ones go to an unnamed temporary file (`O_TMPFILE`: no path
+//! anyone can guess or race, gone when slotprof exits however it exits),
+//! read back in order when the session ends.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{self, Write},
+    os::unix::fs::FileExt,
+    path::Path,
+};
+
+use crate::aggregate::{Interval, StackKey};
+
+/// Intervals kept in memory before they go to the file (2 MiB).
+pub const IN_MEMORY: usize = 65_536;
+
+/// One interval as stored.
+const RECORD: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Packed {
+    start_ns: u64,
+    end_ns: u64,
+    woken_ns: u64,
+    key: u32,
+    preempted: bool,
+}
+
+impl Packed {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.start_ns.to_le_bytes());
+        out.extend_from_slice(&self.end_ns.to_le_bytes());
+        out.extend_from_slice(&self.woken_ns.to_le_bytes());
+        out.extend_from_slice(&self.key.to_le_bytes());
+        out.extend_from_slice(&[self.preempted as u8, 0, 0, 0]);
+    }
+
+    fn decode(b: &[u8]) -> Self {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Self {
+            start_ns: u64_at(0),
+            end_ns: u64_at(8),
+            woken_ns: u64_at(16),
+            key: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
+            preempted: b[28] != 0,
+        }
+    }
+}
+
+/// The intervals, in the order they were pushed.
+#[derive(Default)]
+pub struct IntervalStore {
+    keys: Vec<StackKey>,
+    index: HashMap<StackKey, u32>,
+    /// The newest intervals, not yet in the file.
+    tail: Vec<Packed>,
+    file: Option<File>,
+    /// Records in the file.
+    in_file: u64,
+    /// Why the file could not be made or written, if it could not: then
+    /// everything stays in memory (nothing is dropped).
+    file_error: Option<String>,
+}
+
+impl IntervalStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, i: &Interval) {
+        let next = self.keys.len() as u32;
+        let key = *self.index.entry(i.key).or_insert_with(|| {
+            self.keys.push(i.key);
+            next
+        });
+        self.tail.push(Packed {
+            start_ns: i.start_ns,
+            end_ns: i.end_ns,
+            woken_ns: i.woken_ns,
+            key,
+            preempted: i.preempted,
+        });
+        if self.tail.len() >= IN_MEMORY && self.file_error.is_none() {
+            if let Err(e) = self.spill() {
+                self.file_error = Some(format!(
+                    "off-CPU intervals could not go to a temporary file in {} ({e}); they stay in memory: \
+                     set TMPDIR to a writable directory on a local filesystem",
+                    std::env::temp_dir().display()
+                ));
+            }
+        }
+    }
+
+    fn spill(&mut self) -> io::Result<()> {
+        if self.file.is_none() {
+            self.file = Some(unnamed_file(&std::env::temp_dir())?);
+        }
+        let file = self.file.as_mut().expect("just made");
+        let mut bytes = Vec::with_capacity(self.tail.len() * RECORD);
+        for p in &self.tail {
+            p.encode(&mut bytes);
+        }
+        file.write_all(&bytes)?;
+        self.in_file += self.tail.len() as u64;
+        self.tail.clear();
+        self.tail.shrink_to(IN_MEMORY);
+        Ok(())
+    }
+
+    /// How many intervals there are.
+    pub fn len(&self) -> u64 {
+        self.in_file + self.tail.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of intervals in the temporary file.
+    pub fn file_bytes(&self) -> u64 {
+        self.in_file * RECORD as u64
+    }
+
+    /// Why intervals stay in memory, when they do.
+    pub fn file_error(&self) -> Option<&str> {
+        self.file_error.as_deref()
+    }
+
+    /// Calls `f` with every interval, in the order they were pushed.
+    pub fn for_each(&self, mut f: impl FnMut(&Interval)) -> io::Result<()> {
+        let emit = |p: &Packed, f: &mut dyn FnMut(&Interval)| {
+            f(&Interval {
+                start_ns: p.start_ns,
+                end_ns: p.end_ns,
+                key: self.keys[p.key as usize],
+                preempted: p.preempted,
+                woken_ns: p.woken_ns,
+            })
+        };
+        if let Some(file) = &self.file {
+            let mut buf = vec![0u8; IN_MEMORY * RECORD];
+            let mut at = 0u64;
+            let end = self.file_bytes();
+            while at < end {
+                let n = ((end - at) as usize).min(buf.len());
+                file.read_exact_at(&mut buf[..n], at)?;
+                for rec in buf[..n].chunks_exact(RECORD) {
+                    let p = Packed::decode(rec);
+                    if p.key as usize >= self.keys.len() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "the intervals' temporary file changed under slotprof",
+                        ));
+                    }
+                    emit(&p, &mut f);
+                }
+                at += n as u64;
+            }
+        }
+        for p in &self.tail {
+            emit(p, &mut f);
+        }
+        Ok(())
+    }
+
+    /// The intervals of the threads in `tids`, in memory.
+    pub fn of_threads(&self, tids: &[u32]) -> io::Result<Vec<Interval>> {
+        let mut out = Vec::new();
+        self.for_each(|i| {
+            if tids.contains(&i.key.tid) {
+                out.push(*i);
+            }
+        })?;
+        Ok(out)
+    }
+}
+
+/// A file in `dir` that has no name: `O_TMPFILE`, or where the filesystem
+/// has no such thing, a `mkstemp` file unlinked at once.
+fn unnamed_file(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(dir)
+    {
+        Ok(f) => Ok(f),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
+            ) =>
+        {
+            Err(e)
+        }
+        // EOPNOTSUPP (the filesystem), EISDIR (a kernel without
+        // O_TMPFILE): the other way.
+        Err(_) => unlinked_file(dir),
+    }
+}
+
+/// A new file in `dir` (mkostemp: a random name, O_EXCL), unlinked before
+/// anything is written to it.
+fn unlinked_file(dir: &Path) -> io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut template = dir
+        .join("slotprof-intervals-XXXXXX")
+        .as_os_str()
+        .as_bytes()
+        .to_vec();
+    template.push(0);
+    // SAFETY: `template` is a NUL-terminated buffer mkostemp may rewrite.
+    let fd = unsafe { libc::mkostemp(template.as_mut_ptr().cast(), libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: mkostemp returned a new descriptor that nothing else owns.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    template.pop();
+    std::fs::remove_file(std::ffi::OsStr::from_bytes(&template))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interval(n: u64) -> Interval {
+        Interval {
+            start_ns: n * 10,
+            end_ns: n * 10 + 7,
+            key: StackKey {
+                tgid: 1,
+                tid: (n % 5) as u32,
+                comm: [b'a'; profiler_ebpf::COMM_LEN],
+                user_stack_id: (n % 3) as i32,
+                kernel_stack_id: -1,
+            },
+            preempted: n.is_multiple_of(2),
+            woken_ns: n * 10 + 3,
+        }
+    }
+
+    fn all(s: &IntervalStore) -> Vec<Interval> {
+        let mut v = Vec::new();
+        s.for_each(|i| v.push(*i)).unwrap();
+        v
+    }
+
+    fn same(a: &Interval, b: &Interval) -> bool {
+        (a.start_ns, a.end_ns, a.key, a.preempted, a.woken_ns)
+            == (b.start_ns, b.end_ns, b.key, b.preempted, b.woken_ns)
+    }
+
+    #[test]
+    fn gives_back_what_was_pushed_in_order_across_the_file() {
+        let mut s = IntervalStore::new();
+        let n = IN_MEMORY as u64 * 2 + 123;
+        for i in 0..n {
+            s.push(&interval(i));
+        }
+        assert_eq!(s.len(), n);
+        assert_eq!(
+            s.file_bytes(),
+            IN_MEMORY as u64 * 2 * RECORD as u64,
+            "{:?}",
+            s.file_error()
+        );
+        let back = all(&s);
+        assert_eq!(back.len() as u64, n);
+        assert!(back.iter().enumerate().all(|(i, b)| same(b, &interval(i as u64))));
+        // 5 threads x 3 user stacks: 15 keys, not one per interval.
+        assert_eq!(s.keys.len(), 15);
+    }
+
+    #[test]
+    fn small_sessions_never_make_a_file() {
+        let mut s = IntervalStore::new();
+        for i in 0..100 {
+            s.push(&interval(i));
+        }
+        assert!(s.file.is_none());
+        assert_eq!(all(&s).len(), 100);
+    }
+
+    #[test]
+    fn picks_out_threads() {
+        let mut s = IntervalStore::new();
+        for i in 0..IN_MEMORY as u64 + 10 {
+            s.push(&interval(i));
+        }
+        let of = s.of_threads(&[3]).unwrap();
+        assert!(!of.is_empty());
+        assert!(of.iter().all(|i| i.key.tid == 3));
+        let expected = (0..IN_MEMORY as u64 + 10).filter(|i| i % 5 == 3).count();
+        assert_eq!(of.len(), expected);
+    }
+
+    #[test]
+    fn the_file_has_no_name_either_way() {
+        for make in [unnamed_file, unlinked_file] {
+            let dir = slotprof_test_dir();
+            let mut f = make(&dir).unwrap();
+            f.write_all(b"x").unwrap();
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+            drop(f);
+            std::fs::remove_dir(&dir).unwrap();
+        }
+    }
+
+    fn slotprof_test_dir() -> std::path::PathBuf {
+        let mut t = std::env::temp_dir()
+            .join("slotprof-unit-XXXXXX")
+            .into_os_string()
+            .into_encoded_bytes();
+        t.push(0);
+        // SAFETY: NUL-terminated template that mkdtemp may rewrite.
+        let p = unsafe { libc::mkdtemp(t.as_mut_ptr().cast()) };
+        assert!(!p.is_null());
+        t.pop();
+        std::path::PathBuf::from(String::from_utf8(t).unwrap())
+    }
+}
