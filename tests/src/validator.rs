@@ -80,6 +80,16 @@ impl Load {
         })
     }
 
+    /// Ends the offering now (SIGTERM: loadgen stops sending, waits for
+    /// the statuses of what it sent, and reports).
+    pub fn stop(self) -> Result<LoadReport, String> {
+        if let Some(c) = &self.child {
+            // SAFETY: our own child, not yet waited for.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        self.finish()
+    }
+
     /// Waits for the program to end and reads its report.
     pub fn finish(mut self) -> Result<LoadReport, String> {
         let mut child = self.child.take().unwrap();
@@ -123,6 +133,9 @@ pub struct Node {
     /// JSON-RPC over HTTP; the websocket is on the next port.
     pub rpc_port: u16,
     pub faucet_port: u16,
+    gossip_port: u16,
+    bin: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 /// A free TCP and UDP port on loopback (and, for `pair`, its successor).
@@ -162,33 +175,64 @@ impl Node {
     ) -> Result<Node, String> {
         let dir = crate::private_temp_dir("slotprof-validator")
             .map_err(|e| format!("cannot make a ledger directory: {e}"))?;
-        let rpc_port = free_port(true);
-        let faucet_port = free_port(false);
-        let gossip_port = free_port(false);
-        let log = std::fs::File::create(dir.join("validator.log")).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        cmd.envs(env.iter().copied());
-        cmd.arg("--ledger")
-            .arg(dir.join("ledger"))
-            .args(["--reset", "--quiet", "--bind-address", "127.0.0.1"])
-            .args(["--rpc-port", &rpc_port.to_string()])
-            .args(["--faucet-port", &faucet_port.to_string()])
-            .args(["--gossip-port", &gossip_port.to_string()])
+        let mut node = Node {
+            child: None,
+            dir,
+            rpc_port: free_port(true),
+            faucet_port: free_port(false),
+            gossip_port: free_port(false),
+            bin: bin.to_path_buf(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        node.spawn(true)?;
+        node.wait_for_slot(first_slots, timeout)?;
+        Ok(node)
+    }
+
+    /// Starts the process on the node's ledger (a fresh one with `reset`)
+    /// and ports.
+    fn spawn(&mut self, reset: bool) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("validator.log"))
+            .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.arg("--ledger").arg(self.dir.join("ledger"));
+        if reset {
+            cmd.arg("--reset");
+        }
+        cmd.args(["--quiet", "--bind-address", "127.0.0.1"])
+            .args(["--rpc-port", &self.rpc_port.to_string()])
+            .args(["--faucet-port", &self.faucet_port.to_string()])
+            .args(["--gossip-port", &self.gossip_port.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             // Its own process group: stopped whole, and a Ctrl-C meant for
             // the test runner reaches the runner first.
             .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let mut node = Node {
-            child: Some(child),
-            dir,
-            rpc_port,
-            faucet_port,
-        };
+        self.child = Some(
+            cmd.spawn()
+                .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?,
+        );
+        Ok(())
+    }
+
+    /// Stops the node and starts it again on its ledger and ports (a new
+    /// process, as after an operator's restart), then waits until it is
+    /// past `slot` (its slots go on from where they were).
+    pub fn restart(&mut self, timeout: Duration) -> Result<(), String> {
+        let before = self.slot().unwrap_or(0);
+        self.stop();
+        self.spawn(false)?;
+        self.wait_for_slot(before + 1, timeout)
+    }
+
+    /// Waits until the node's slot is at least `slot`.
+    fn wait_for_slot(&mut self, first_slots: u64, timeout: Duration) -> Result<(), String> {
+        let node = self;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = node
@@ -205,7 +249,7 @@ impl Node {
             }
             if let Ok(slot) = node.slot() {
                 if slot >= first_slots {
-                    return Ok(node);
+                    return Ok(());
                 }
             }
             if Instant::now() > deadline {

@@ -9,57 +9,13 @@ mod common;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::{Read, Write},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use common::*;
 use slotprof_tests::monotonic_ns;
-
-/// A `slotprof run` child, killed if a test fails before it is stopped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl Daemon {
-    fn start(config: &Path) -> Self {
-        let child = Command::new(slotprof())
-            .args(["run", "--config", config.to_str().unwrap()])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start slotprof run");
-        Self(child)
-    }
-
-    /// SIGTERM, then the exit status and everything it said.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = self.0.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "slotprof run did not stop within 30 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        self.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        eprintln!("--- slotprof run said\n{err}");
-        (status, err)
-    }
-}
 
 fn write_config(dir: &Path, body: &str) -> PathBuf {
     let p = dir.join("slotprof.toml");
@@ -76,27 +32,6 @@ fn config_text(rpc: u16, metrics: u16, dir: &Path, export: &str) -> String {
          [phase_probe]\nenabled = false\n",
         dir.display()
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET http://127.0.0.1:port/path, the body.
-fn http_get(port: u16, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    // One write: `write!` on an unbuffered stream sends each piece apart.
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    let (head, body) = r.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
 }
 
 /// Every file or directory under `dir` whose name marks it temporary.
@@ -170,7 +105,7 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
         30,
         &["--lock-stall-every", "5", "--lock-stall-ms", "30"],
     );
-    let daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&config, &dir);
     // When each slot directory first appeared (CLOCK_MONOTONIC).
     let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
     let mut pre_scrape = None;
@@ -361,7 +296,7 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
         ),
     );
     let mut validator = start_validator(&dir, rpc, 60, &[]);
-    let daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&config, &dir);
     let started = Instant::now();
     let mut peak = 0;
     // Long enough to pass the cap (a slot's directory is ~50 KiB here),
@@ -375,7 +310,7 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
         // with the good one again.
         let hup = |body: &str| {
             std::fs::write(&config, body).unwrap();
-            unsafe { libc::kill(daemon.0.id() as i32, libc::SIGHUP) };
+            unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
         };
         if reloads == 0 && started.elapsed() > Duration::from_secs(8) {
             hup(&good.replace("full = \"all\"", "full = \"everything\""));

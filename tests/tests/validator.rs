@@ -21,6 +21,9 @@ use std::{
 };
 
 use common::*;
+
+/// The first test's name in the results table.
+const T1: &str = "a minute under load";
 use slotprof_tests::{
     metrics_receiver::MetricsReceiver,
     monotonic_ns,
@@ -333,9 +336,15 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     // point (beside `bank-new_from_parent-heights`): the RPC source's
     // slot starts are within 5 ms of it (measured: median 0.7 ms, max 4.6).
     let new_leader = new_leader_series(&series);
-    let (s_med, _, n) = offsets(&slots_now, new_leader, "start_ns");
+    let (s_med, s_max, n) = offsets(&slots_now, new_leader, "start_ns");
     assert!(
-        n >= 60 && s_med.abs() <= 5.0,
+        row(
+            T1,
+            "RPC slot starts - node's replay_stage-new_leader",
+            &format!("median {s_med:.1} ms, max |{s_max:.1}| ms, {n} slots"),
+            "|median| <= 5 ms over >= 60 slots",
+            n >= 60 && s_med.abs() <= 5.0
+        ),
         "RPC slot starts vs the node's replay_stage-new_leader: median {s_med} ms over {n} slots"
     );
     let report = load.finish().unwrap_or_else(|e| panic!("{e}"));
@@ -347,7 +356,16 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         report.json
     );
     assert!(
-        report.confirmed * 100 >= report.sent * 95 && report.failed == 0,
+        row(
+            T1,
+            "client load confirmed",
+            &format!(
+                "{} of {} sent at {} tx/s, {} failed",
+                report.confirmed, report.sent, report.reached_rate, report.failed
+            ),
+            ">= 95%, none failed",
+            report.confirmed * 100 >= report.sent * 95 && report.failed == 0
+        ),
         "the node did not confirm the load: {}",
         report.json
     );
@@ -366,7 +384,16 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         slots.len()
     );
     let unknown: Vec<u64> = slots.keys().filter(|n| !truth.contains_key(n)).copied().collect();
-    assert!(unknown.is_empty(), "slots the node never had: {unknown:?}");
+    assert!(
+        row(
+            T1,
+            "RPC slot numbers the node never had",
+            &format!("{} of {}", unknown.len(), slots.len()),
+            "0",
+            unknown.is_empty()
+        ),
+        "slots the node never had: {unknown:?}"
+    );
     let (first, last) = (*slots.keys().next().unwrap(), *slots.keys().last().unwrap());
     let missed: Vec<u64> = truth
         .keys()
@@ -391,13 +418,29 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
          max |{max:.1}| ms over {n} slots"
     );
     assert!(
-        n >= 60 && median.abs() < 100.0,
+        row(
+            T1,
+            "RPC slot ends - the test's own getSlot",
+            &format!("median {median:.1} ms, max |{max:.1}| ms, {n} slots"),
+            "|median| < 100 ms",
+            n >= 60 && median.abs() < 100.0
+        ),
         "RPC slot ends vs the node's: median {median} ms"
     );
-    // Memory: every interval of a busy node (~7,000 a second) is kept until
-    // the end; the target (128 MiB) is the bench's, this bounds a
-    // regression (1,019 MiB before the trace was streamed).
-    assert!(rss < 256 << 20, "peak RSS {} MiB", rss >> 20);
+    // Memory: the target (128 MiB) is the bench's; this bounds a
+    // regression (1,019 MiB before the trace was streamed, 145 MiB before
+    // the intervals went to a file, 107 MiB after).
+    assert!(
+        row(
+            T1,
+            "slotprof peak RSS",
+            &format!("{:.1} MiB", rss as f64 / 1048576.0),
+            "< 256 MiB (target 128: the bench)",
+            rss < 256 << 20
+        ),
+        "peak RSS {} MiB",
+        rss >> 20
+    );
 
     // Stacks: the node has no frame pointers; slotprof unwinds by CFI.
     let on = read_folded(&out.join("oncpu.folded"));
@@ -425,9 +468,26 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         0.90
     };
     assert!(
-        on_reach >= min_reach,
+        row(
+            T1,
+            "on-CPU samples reaching the thread entry",
+            &format!(
+                "{:.1}% of {} (median {on_depth} frames)",
+                on_reach * 100.0,
+                on.total()
+            ),
+            &format!(">= {:.0}%", min_reach * 100.0),
+            on_reach >= min_reach
+        ),
         "on-CPU samples reaching the thread entry: {:.1}%",
         on_reach * 100.0
+    );
+    row(
+        T1,
+        "off-CPU time reaching the thread entry",
+        &format!("{:.1}% (median {off_depth} frames)", off_reach * 100.0),
+        "reported",
+        true,
     );
 
     let summary = read_json(&out.join("summary.json"));
@@ -454,14 +514,29 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     // them once in one slot where the node stalled for 236 ms): the bound
     // catches the flood (53% of slots before), not the issue's target.
     assert!(
-        total * 100 <= slots.len() * 15,
+        row(
+            T1,
+            "findings on a healthy node",
+            &format!("{total} in {} slots {kinds:?}", slots.len()),
+            "<= 15 per 100 slots (target 1: the 10-minute runs)",
+            total * 100 <= slots.len() * 15
+        ),
         "{total} findings in {} slots of a healthy node",
         slots.len()
     );
     // Stacks lost to map collisions: at most 0.1% of the stacks unwound.
     let lost = summary["lost"]["stacks"].as_u64().unwrap();
     let walked = summary["unwinding"]["stacks"].as_u64().unwrap();
-    assert!(lost * 1000 <= walked, "{lost} stacks lost of {walked}");
+    assert!(
+        row(
+            T1,
+            "stacks lost",
+            &format!("{lost} of {walked} unwound"),
+            "<= 0.1%",
+            lost * 1000 <= walked
+        ),
+        "{lost} stacks lost of {walked}"
+    );
     for cause in [
         "ring_buffer_full",
         "offcpu_map_full",
@@ -501,7 +576,16 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
         slots.len()
     );
     let unknown: Vec<u64> = slots.keys().filter(|n| !truth.contains_key(n)).copied().collect();
-    assert!(unknown.is_empty(), "uprobe slots the node never had: {unknown:?}");
+    assert!(
+        row(
+            T1,
+            "uprobe slot numbers the node never had",
+            &format!("{} of {}", unknown.len(), slots.len()),
+            "0",
+            unknown.is_empty()
+        ),
+        "uprobe slots the node never had: {unknown:?}"
+    );
     // The node's own slot starts: its `replay_stage-new_leader` point for
     // each slot it leads, sent every ~10 s. `PohRecorder::set_bank` runs
     // 12-16 ms after it on this node (the bank is made first, then PoH's
@@ -516,7 +600,13 @@ fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
          max |{s_max:.1}| ms over {n} slots"
     );
     assert!(
-        n >= 15 && (0.0..=30.0).contains(&s_med),
+        row(
+            T1,
+            "uprobe (PohRecorder::set_bank) starts - node's replay_stage-new_leader",
+            &format!("median {s_med:.1} ms, max |{s_max:.1}| ms, {n} slots"),
+            "0..30 ms (set_bank follows the bank's creation)",
+            n >= 15 && (0.0..=30.0).contains(&s_med)
+        ),
         "uprobe slot starts vs the node's metrics: median {s_med} ms over {n} slots"
     );
     assert!(
@@ -593,7 +683,16 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
         let ms = g["duration_ns"].as_u64().unwrap() as f64 / 1e6;
         // The stop as slotprof saw it: at least the 50 ms, and not much
         // more than the stop plus the wait for a CPU after it.
-        assert!((45.0..250.0).contains(&ms), "stop {i}: a gap of {ms:.1} ms");
+        assert!(
+            row(
+                "SIGSTOP 50 ms",
+                &format!("stop {i}: MainLoopGap of solBnkTxSched"),
+                &format!("{ms:.1} ms in slot {}, cause {}", g["slot"], g["cause"]),
+                "45..250 ms, the stop's slot, stopped by a signal",
+                (45.0..250.0).contains(&ms)
+            ),
+            "stop {i}: a gap of {ms:.1} ms"
+        );
         let slot = slots
             .iter()
             .find(|(_, s)| s["start_ns"].as_u64().unwrap() <= *stop && *stop < s["end_ns"].as_u64().unwrap())
@@ -628,7 +727,13 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
     // 30 ms for a CPU now and then; more than one such gap in 30 s is not
     // noise.
     assert!(
-        unmatched.len() <= 1,
+        row(
+            "SIGSTOP 50 ms",
+            "MainLoopGaps no stop made",
+            &unmatched.len().to_string(),
+            "<= 1 in 30 s",
+            unmatched.len() <= 1
+        ),
         "{} MainLoopGaps match no stop",
         unmatched.len()
     );
@@ -766,6 +871,20 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
             g["slot"],
             g["explanation"]
         );
+        row(
+            "CPU hog on the PoH core",
+            &format!("burst {i}: MainLoopGap of solPohTickProd"),
+            &format!(
+                "{:.1} ms in slot {}, cause {}",
+                g["duration_ns"].as_u64().unwrap() as f64 / 1e6,
+                g["slot"],
+                g["cause"]
+            ),
+            "the burst's slot (or the next), waiting for a CPU >= 30 ms",
+            g["cause"] == "waiting for a CPU"
+                && g["magnitudes"]["runqueue_ms"].as_f64().unwrap_or(0.0) >= 30.0
+                && (g["slot"].as_u64() == slot || g["slot"].as_u64() == slot.map(|s| s + 1)),
+        );
         assert_eq!(
             g["cause"], "waiting for a CPU",
             "hog burst {i}: {}",
@@ -793,7 +912,13 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
         eprintln!("a gap no burst made: {}", g["explanation"]);
     }
     assert!(
-        unmatched.len() <= 1,
+        row(
+            "CPU hog on the PoH core",
+            "MainLoopGaps no burst made",
+            &unmatched.len().to_string(),
+            "<= 1 in 30 s",
+            unmatched.len() <= 1
+        ),
         "{} MainLoopGaps match no hog burst",
         unmatched.len()
     );
@@ -843,15 +968,7 @@ fn ten_minutes_on_a_healthy_node(load_rate: Option<u32>) {
         out.to_str().unwrap(),
     ]);
     assert!(ok, "slotprof attach failed: {stderr}");
-    if let Some(load) = load {
-        let report = load.finish().unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("client load: {}", report.json);
-        assert!(
-            report.confirmed * 100 >= report.sent * 95,
-            "the node did not confirm the load: {}",
-            report.json
-        );
-    }
+    let report = load.map(|l| l.finish().unwrap_or_else(|e| panic!("{e}")));
     let slots = slots_of(&out);
     let findings = read_json(&out.join("findings.json"));
     let findings = findings.as_array().unwrap();
@@ -878,10 +995,211 @@ fn ten_minutes_on_a_healthy_node(load_rate: Option<u32>) {
         );
     }
     assert!(slots.len() >= 1000, "only {} slots in 10 minutes", slots.len());
+    let test = format!("10 minutes, {what}");
+    if let Some(report) = report {
+        eprintln!("client load: {}", report.json);
+        assert!(
+            row(
+                &test,
+                "client load confirmed",
+                &format!(
+                    "{} of {} sent at {} tx/s, {} failed",
+                    report.confirmed, report.sent, report.reached_rate, report.failed
+                ),
+                ">= 95%",
+                report.confirmed * 100 >= report.sent * 95
+            ),
+            "the node did not confirm the load: {}",
+            report.json
+        );
+    }
+    row(
+        &test,
+        "slotprof peak RSS (600 s attach)",
+        &format!("{:.1} MiB", rss as f64 / 1048576.0),
+        "reported",
+        true,
+    );
     assert!(
-        findings.len() * 100 <= slots.len(),
+        row(
+            &test,
+            "findings on a healthy node",
+            &format!("{} in {} slots", findings.len(), slots.len()),
+            "<= 1 per 100 slots",
+            findings.len() * 100 <= slots.len()
+        ),
         "{} findings in {} slots of a healthy {what} node (target: 1 per 100)",
         findings.len(),
         slots.len()
     );
+}
+
+/// `slotprof run` following the node by name for 30 minutes
+/// (`SLOTPROF_RUN_MINUTES` to change) under a real client's load, the node
+/// restarted once half-way (a new process on the same ledger and ports, as
+/// an operator's restart): slotprof must follow the new process without a
+/// restart of its own, keep exporting slots, lose nothing, make no more
+/// than 1 finding per 100 slots, and leave no BPF program behind. Its
+/// memory is printed here and bounded in `cargo xtask bench --only
+/// validator` (targets live in benchmarks). Long: `sudo cargo xtask
+/// validator --test`.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
+fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
+    if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
+        eprintln!("SKIPPED: a 30-minute run; `sudo cargo xtask validator --test` runs it");
+        return;
+    }
+    let minutes: u64 = std::env::var("SLOTPROF_RUN_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(30)
+        .max(4);
+    let Some(_k) = kernel() else { return };
+    let Some(mut node) = node() else { return };
+    let dir = private_dir("always-on");
+    let export = dir.join("export");
+    let metrics = free_port();
+    let config = dir.join("slotprof.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\ncomm = \"solana-test-validator\"\n[slots]\nsource = \"rpc={}\"\n[export]\ndir = \"{}\"\n\
+             retention_bytes = \"2GiB\"\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+            node.rpc_url(),
+            export.display()
+        ),
+    )
+    .unwrap();
+    let load_dir = private_dir("always-on-load");
+    let load = Load::start(&node, LOAD_RATE, u32::MAX, &load_dir.join("report.json"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut daemon = Daemon::start(&config, &dir);
+    let started = std::time::Instant::now();
+    let total = Duration::from_secs(minutes * 60);
+    let first_pid = node.pid();
+    let mut restarted_at = None;
+    // (seconds, RSS MiB) from /metrics, every minute.
+    let mut rss = Vec::new();
+    let mut next_scrape = Duration::from_secs(60);
+    while started.elapsed() < total {
+        std::thread::sleep(Duration::from_secs(5));
+        assert!(daemon.running(), "slotprof run exited");
+        if restarted_at.is_none() && started.elapsed() >= total / 2 {
+            eprintln!("restarting the node at {:.0} s", started.elapsed().as_secs_f64());
+            node.restart(Duration::from_secs(180))
+                .unwrap_or_else(|e| panic!("{e}"));
+            restarted_at = Some((monotonic_ns(), node.slot().unwrap()));
+            eprintln!(
+                "the node is back at {:.0} s: pid {} (was {first_pid}), slot {}",
+                started.elapsed().as_secs_f64(),
+                node.pid(),
+                restarted_at.unwrap().1
+            );
+        }
+        if started.elapsed() >= next_scrape {
+            next_scrape += Duration::from_secs(60);
+            let text = http_get(metrics, "/metrics");
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("slotprof_process_resident_memory_bytes "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+            {
+                rss.push((started.elapsed().as_secs(), v / 1048576.0));
+            }
+        }
+    }
+    let scrape_text = http_get(metrics, "/metrics");
+    let report = load.stop().unwrap_or_else(|e| panic!("{e}"));
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "slotprof run exited with {status}");
+    eprintln!("client load: {}", report.json);
+    eprintln!("slotprof run RSS (s, MiB): {rss:?}");
+    let (_, restart_slot) = restarted_at.expect("the node was restarted");
+
+    // Slots exported in full (every slot of this node is a leader slot).
+    let mut before = 0;
+    let mut after = 0;
+    let mut pids = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(export.join("slots")).unwrap().flatten() {
+        let Ok(n) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let sj = read_json(&e.path().join("slot.json"));
+        if let Some(p) = sj["pid"].as_u64() {
+            pids.insert(p);
+        }
+        if n >= restart_slot {
+            after += 1;
+        } else {
+            before += 1;
+        }
+    }
+    let findings = read_json(&export.join("findings.json"));
+    let findings = findings.as_array().unwrap();
+    eprintln!(
+        "{before} slots exported before the restart, {after} after; pids in slot.json: {pids:?}; {} findings",
+        findings.len()
+    );
+    for f in findings {
+        eprintln!("  {} in slot {}: {}", f["kind"], f["slot"], f["explanation"]);
+    }
+    let half = (minutes * 60 / 2) as f64 / 0.45;
+    let test = format!("slotprof run, {minutes} minutes, node restarted");
+    row(
+        &test,
+        "slots exported before / after the restart",
+        &format!("{before} / {after}"),
+        &format!(">= {:.0} / >= {:.0}", 0.7 * half, 0.5 * half),
+        before as f64 >= 0.7 * half && after as f64 >= 0.5 * half,
+    );
+    row(
+        &test,
+        "slotprof run RSS (from its /metrics)",
+        &format!(
+            "{:.1} MiB at 1 min, {:.1} MiB at the end",
+            rss.first().map_or(0.0, |r| r.1),
+            rss.last().map_or(0.0, |r| r.1)
+        ),
+        "reported (the bench holds the target)",
+        true,
+    );
+    assert!(
+        before as f64 >= 0.7 * half,
+        "only {before} slots before the restart"
+    );
+    assert!(
+        after as f64 >= 0.5 * half,
+        "only {after} slots after the restart: slotprof did not follow the node"
+    );
+    assert!(
+        row(
+            &test,
+            "findings on a healthy node",
+            &format!("{} in {} slots", findings.len(), before + after),
+            "<= 1 per 100 slots",
+            findings.len() * 100 <= before + after
+        ),
+        "{} findings in {} slots of a healthy node",
+        findings.len(),
+        before + after
+    );
+    let lost: f64 = scrape_text
+        .lines()
+        .filter(|l| l.starts_with("slotprof_lost_events_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(lost, 0.0, "events lost:\n{scrape_text}");
+    assert_eq!(
+        loaded_slotprof_programs(),
+        Vec::<String>::new(),
+        "BPF programs left loaded"
+    );
+    for pid in [first_pid, node.pid()] {
+        assert!(
+            said.contains(&format!("(pid {pid})")),
+            "slotprof run never profiled pid {pid}: {said}"
+        );
+    }
+    assert!(!said.contains("error"), "{said}");
 }

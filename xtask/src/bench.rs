@@ -225,6 +225,7 @@ const STORM_HEADING: &str = "## Detector probes on a futex-heavy workload";
 const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
 const OVERHEAD_HEADING: &str = "## Overhead on a CPU-bound PoH loop: slotprof and perf";
 const USERSPACE_HEADING: &str = "## The aggregator and the symbolizer (userspace, one core)";
+const VALIDATOR_HEADING: &str = "## On a real validator: solana-test-validator 4.4.0 under load, beside perf";
 
 /// Which commit a section was measured at: the short hash, and whether the
 /// work tree had changes on top of it.
@@ -281,14 +282,14 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo cargo xtask bench`");
     }
-    let scratch = std::env::temp_dir().join(format!("slotprof-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
+    let scratch = crate::private_temp_dir("slotprof-bench")?;
     type Section = fn(&Path, &Path) -> anyhow::Result<String>;
-    let sections: [(&str, &str, Section); 4] = [
+    let sections: [(&str, &str, Section); 5] = [
         ("storm", STORM_HEADING, storm_section),
         ("overhead", OVERHEAD_HEADING, overhead_section),
         ("userspace", USERSPACE_HEADING, userspace_section),
         ("run", RUN_HEADING, run_section),
+        ("validator", VALIDATOR_HEADING, validator_section),
     ];
     let mut only = None;
     let mut rest = args.iter();
@@ -301,14 +302,16 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                     "cargo xtask bench --run-minutes: {n:?} is not a whole number of minutes (2 or more)"
                 ),
             },
-            _ => bail!("usage: cargo xtask bench [--only storm|overhead|userspace|run] [--run-minutes N]"),
+            _ => bail!(
+                "usage: cargo xtask bench [--only storm|overhead|userspace|run|validator] [--run-minutes N]"
+            ),
         }
     }
     match only {
         None => {}
         Some(what) => {
             let Some((_, heading, f)) = sections.iter().find(|(n, _, _)| *n == what.as_str()) else {
-                bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace or run");
+                bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace, run or validator");
             };
             // Just this section, spliced into the existing file.
             let section = stamped(root, f(root, &scratch)?);
@@ -334,10 +337,11 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     md.push_str(&stamped(root, phase_probe_section(root, &scratch)?));
     md.push_str(&stamped(root, host_section(root, &scratch)?));
     md.push_str(&stamped(root, run_section(root, &scratch)?));
+    md.push_str(&stamped(root, validator_section(root, &scratch)?));
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (about 35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace or run (10 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on run for longer\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (about 35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, run (10 min) or validator (25 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;
@@ -1277,5 +1281,44 @@ fn userspace_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         1e3 * f(&sym, "kernel_cached_s"),
         per("kernel_cached_s", "kernel_addresses")
     );
+    Ok(md)
+}
+
+/// The real node (`cargo xtask validator`) under a real client's load:
+/// slots a second alone, under `slotprof attach` and under perf's DWARF
+/// call graphs (interleaved rounds), each BPF program's cost at this
+/// node's switch rate, then `slotprof run` following it for
+/// `--run-minutes`. Measured by tests/src/bin/validator-bench.rs; without
+/// the node's binary the section says why and what to do.
+fn validator_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
+    let mut md = format!("{VALIDATOR_HEADING}\n\n");
+    let node = match crate::validator::binary(root) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e:#}.\n");
+            return Ok(md);
+        }
+    };
+    let load = crate::validator::loadgen(root)?;
+    let perf = perf_binary(root);
+    let minutes = RUN_MINUTES.load(std::sync::atomic::Ordering::Relaxed).to_string();
+    let mut cmd = Command::new(bin(root, "validator-bench"));
+    cmd.arg("--slotprof")
+        .arg(bin(root, "slotprof"))
+        .args(["--run-minutes", &minutes, "--scratch"])
+        .arg(scratch)
+        .env("SLOTPROF_VALIDATOR", &node)
+        .env("SLOTPROF_LOADGEN", &load)
+        .stderr(std::process::Stdio::inherit());
+    if let Some(p) = &perf {
+        cmd.arg("--perf").arg(p);
+    }
+    let out = cmd
+        .output()
+        .context("cannot run target/release/validator-bench")?;
+    if !out.status.success() {
+        bail!("validator-bench failed (its messages are above)");
+    }
+    md.push_str(&String::from_utf8_lossy(&out.stdout));
     Ok(md)
 }

@@ -248,3 +248,16 @@ fn test(root: &Path) -> anyhow::Result<()> {
     eprintln!("xtask: all tests passed");
     Ok(())
 }
+
+/// A new private directory under the temporary directory (mkdtemp: a
+/// random name, mode 0700).
+pub fn private_temp_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let template = std::env::temp_dir().join(format!("{prefix}.XXXXXX"));
+    let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())?.into_bytes_with_nul();
+    // SAFETY: a NUL-terminated template that mkdtemp rewrites in place.
+    if unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) }.is_null() {
+        return Err(std::io::Error::last_os_error()).context("mkdtemp");
+    }
+    bytes.pop();
+    Ok(PathBuf::from(String::from_utf8(bytes)?))
+}

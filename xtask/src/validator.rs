@@ -161,7 +161,10 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             if !crate::is_root() {
                 bail!("the real-node tests load eBPF programs: run `sudo cargo xtask validator --test`");
             }
-            crate::run_env(
+            let dir = crate::private_temp_dir("slotprof-validator-results")?;
+            let results = dir.join("results.jsonl");
+            std::fs::write(&results, "")?;
+            let outcome = crate::run_env(
                 root,
                 "cargo",
                 &[
@@ -181,11 +184,43 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                     ("SLOTPROF_VALIDATOR", &bin.display().to_string()),
                     ("SLOTPROF_LOADGEN", &load.display().to_string()),
                     ("SLOTPROF_VALIDATOR_LONG", "1"),
+                    ("SLOTPROF_RESULTS", &results.display().to_string()),
                 ],
-            )
+            );
+            let text = std::fs::read_to_string(&results).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&dir);
+            print_table(&text);
+            outcome
         }
         Some(other) => {
             bail!("unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test]")
         }
     }
+}
+
+/// The real-node checks as a table: test, check, measured, bound, verdict
+/// (one JSON line each, written by the tests).
+fn print_table(jsonl: &str) {
+    let rows: Vec<serde_json::Value> = jsonl
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    if rows.is_empty() {
+        println!("xtask: no real-node check recorded a result");
+        return;
+    }
+    let cell = |v: &serde_json::Value| v.as_str().unwrap_or("").replace('|', "/");
+    println!("\n| test | check | measured | bound | |\n|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            cell(&r["test"]),
+            cell(&r["check"]),
+            cell(&r["measured"]),
+            cell(&r["bound"]),
+            if r["ok"] == true { "ok" } else { "FAILED" }
+        );
+    }
+    let failed = rows.iter().filter(|r| r["ok"] != true).count();
+    println!("\n{} checks, {failed} failed", rows.len());
 }

@@ -212,8 +212,16 @@ async fn run(args: Args) -> Result<(), String> {
     let mut sends = Vec::new();
     let mut kinds = [0u64; 3];
     let mut i: u64 = 0;
+    // SIGTERM or SIGINT ends the offering early; the report still follows.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
     while Instant::now() < end {
-        tokio::time::sleep_until(next).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
         next += period;
         let kind = (i % 3) as usize;
         let ix = match kind {
@@ -278,7 +286,7 @@ async fn run(args: Args) -> Result<(), String> {
         let (mut l, mut c, mut f) = (0u64, 0u64, 0u64);
         for chunk in sent.chunks(256) {
             let statuses = rpc
-                .get_signature_statuses(chunk)
+                .get_signature_statuses_with_history(chunk)
                 .await
                 .map_err(|e| format!("getSignatureStatuses: {e}"))?
                 .value;

@@ -304,3 +304,104 @@ pub fn unwinding_of(summary: &serde_json::Value, name: &str) -> serde_json::Valu
         .cloned()
         .unwrap_or_default()
 }
+
+/// A `slotprof run` child, killed if a test fails before it is stopped;
+/// its stderr goes to a file in the test's directory (a pipe nobody reads
+/// would fill up over a long run and block it).
+pub struct Daemon {
+    child: std::process::Child,
+    stderr: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Daemon {
+    pub fn start(config: &Path, dir: &Path) -> Self {
+        let stderr = dir.join("slotprof-run.stderr");
+        let child = Command::new(slotprof())
+            .args(["run", "--config", config.to_str().unwrap()])
+            .stderr(std::fs::File::create(&stderr).expect("create the daemon's stderr file"))
+            .spawn()
+            .expect("start slotprof run");
+        Self { child, stderr }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, then the exit status and everything it said.
+    pub fn stop(mut self) -> (std::process::ExitStatus, String) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "slotprof run did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        eprintln!("--- slotprof run said\n{err}");
+        (status, err)
+    }
+}
+
+/// A free loopback TCP port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET http://127.0.0.1:port/path, the body.
+pub fn http_get(port: u16, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    // One write: `write!` on an unbuffered stream sends each piece apart.
+    std::io::Write::write_all(
+        &mut s,
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut r = String::new();
+    std::io::Read::read_to_string(&mut s, &mut r).unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// One measured check for the table `cargo xtask validator --test` prints
+/// at its end: a JSON line appended to `$SLOTPROF_RESULTS` when set.
+/// Returns `ok`, to be asserted by the caller with its own message.
+pub fn row(test: &str, check: &str, measured: &str, bound: &str, ok: bool) -> bool {
+    eprintln!(
+        "check: {test}: {check}: {measured} (bound {bound}): {}",
+        if ok { "ok" } else { "FAILED" }
+    );
+    if let Some(path) = std::env::var_os("SLOTPROF_RESULTS") {
+        let line = serde_json::json!({
+            "test": test, "check": check, "measured": measured, "bound": bound, "ok": ok,
+        });
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+            let _ = std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes());
+        }
+    }
+    ok
+}
