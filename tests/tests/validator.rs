@@ -687,7 +687,11 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
             row(
                 "SIGSTOP 50 ms",
                 &format!("stop {i}: MainLoopGap of solBnkTxSched"),
-                &format!("{ms:.1} ms in slot {}, cause {}", g["slot"], g["cause"]),
+                &format!(
+                    "{ms:.1} ms in slot {}, cause {}",
+                    g["slot"],
+                    g["cause"].as_str().unwrap_or("?")
+                ),
                 "45..250 ms, the stop's slot, stopped by a signal",
                 (45.0..250.0).contains(&ms)
             ),
@@ -878,7 +882,7 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
                 "{:.1} ms in slot {}, cause {}",
                 g["duration_ns"].as_u64().unwrap() as f64 / 1e6,
                 g["slot"],
-                g["cause"]
+                g["cause"].as_str().unwrap_or("?")
             ),
             "the burst's slot (or the next), waiting for a CPU >= 30 ms",
             g["cause"] == "waiting for a CPU"
