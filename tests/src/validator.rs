@@ -80,6 +80,11 @@ impl Load {
         })
     }
 
+    /// The load program's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// Ends the offering now (SIGTERM: loadgen stops sending, waits for
     /// the statuses of what it sent, and reports).
     pub fn stop(self) -> Result<LoadReport, String> {

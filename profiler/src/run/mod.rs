@@ -259,7 +259,7 @@ fn find_target(spec: &TargetSpec) -> Result<Target, String> {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
                 let exe_name = exe.as_ref().and_then(|e| e.file_name()).and_then(|n| n.to_str());
-                if (comm.trim_end() != c && exe_name != Some(c.as_str())) || pid == std::process::id() {
+                if !names_match(c, comm.trim_end(), exe_name) || pid == std::process::id() {
                     continue;
                 }
                 let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -278,6 +278,19 @@ fn find_target(spec: &TargetSpec) -> Result<Target, String> {
             Target::from_pid(pid).map_err(|e| format!("{e:#}"))
         }
     }
+}
+
+/// Whether a process is the one `target.comm` names: its comm (which the
+/// kernel cuts to 15 bytes: `solana-test-validator` runs as
+/// `solana-test-val`, so a longer name matches on its first 15), or its
+/// executable's file name.
+fn names_match(wanted: &str, comm: &str, exe_name: Option<&str>) -> bool {
+    const COMM_MAX: usize = 15;
+    let comm_matches = comm == wanted
+        || (wanted.len() > COMM_MAX
+            && comm.len() == COMM_MAX
+            && wanted.as_bytes().starts_with(comm.as_bytes()));
+    comm_matches || exe_name == Some(wanted)
 }
 
 /// Events waiting for their slot to end, and what was already counted of
@@ -822,5 +835,26 @@ impl Chunk<'_> {
             s.export_bytes = self.exporter.bytes();
         }
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod target_name_tests {
+    use super::names_match;
+
+    #[test]
+    fn a_name_longer_than_comm_matches_on_its_first_fifteen_bytes() {
+        // solana-test-validator runs with comm "solana-test-val".
+        assert!(names_match("solana-test-validator", "solana-test-val", None));
+        assert!(names_match("agave-validator", "agave-validator", None));
+        assert!(names_match(
+            "solana-test-validator",
+            "x",
+            Some("solana-test-validator")
+        ));
+        // A short comm is not a prefix match, nor is a different 15 bytes.
+        assert!(!names_match("solana-test-validator", "solana", None));
+        assert!(!names_match("solana-test-validator", "solana-test-vax", None));
+        assert!(!names_match("agave", "agave-validator", None));
     }
 }

@@ -293,23 +293,74 @@ fn always_on(a: &Args, node: &Node) -> Result<RunResult, String> {
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let _ = daemon.wait();
     let _ = std::fs::remove_dir_all(&export);
+    let exported: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("slotprof_slots_exported_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    if exported == 0.0 {
+        return Err(format!(
+            "slotprof run exported no slot in {} minutes (did it find the node? run `{} run --config {}` by hand)",
+            a.run_minutes,
+            a.slotprof.display(),
+            config.display()
+        ));
+    }
     Ok((samples, scrape))
+}
+
+/// The node's process group and the load's pid, for the signal handler.
+static NODE_PGID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static LOAD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// SIGINT/SIGTERM/SIGHUP: the node (its own process group, so the signal
+/// did not reach it) and the load are killed before the bench goes; only
+/// async-signal-safe calls here. The ledger directory stays (its path was
+/// printed when the node started).
+extern "C" fn on_signal(sig: libc::c_int) {
+    use std::sync::atomic::Ordering::SeqCst;
+    // SAFETY: kill and _exit are async-signal-safe.
+    unsafe {
+        let pgid = NODE_PGID.load(SeqCst);
+        if pgid > 0 {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        let load = LOAD_PID.load(SeqCst);
+        if load > 0 {
+            libc::kill(load, libc::SIGKILL);
+        }
+        libc::_exit(128 + sig);
+    }
 }
 
 fn main() {
     let a = args();
-    let bin = binary().unwrap_or_else(|e| {
-        eprintln!("validator-bench: {e}");
-        std::process::exit(2)
-    });
-    let node = Node::start(&bin, 3, Duration::from_secs(180)).unwrap_or_else(|e| {
-        eprintln!("validator-bench: {e}");
-        std::process::exit(1)
-    });
-    let load = Load::start(&node, a.rate, u32::MAX, &node.dir.join("load.json")).unwrap_or_else(|e| {
-        eprintln!("validator-bench: {e}");
-        std::process::exit(1)
-    });
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs a handler that only calls async-signal-safe functions.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    match bench(&a) {
+        Ok(md) => print!("{md}"),
+        Err(e) => {
+            eprintln!("validator-bench: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// The whole bench; the node and the load stop when this returns, on
+/// every path (their Drop).
+fn bench(a: &Args) -> Result<String, String> {
+    let bin = binary()?;
+    let node = Node::start(&bin, 3, Duration::from_secs(180))?;
+    NODE_PGID.store(node.pid() as i32, std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "validator-bench: node pid {}, ledger {}",
+        node.pid(),
+        node.dir.display()
+    );
+    let load = Load::start(&node, a.rate, u32::MAX, &node.dir.join("load.json"))?;
+    LOAD_PID.store(load.pid() as i32, std::sync::atomic::Ordering::SeqCst);
     std::thread::sleep(Duration::from_secs(15));
     let variants: Vec<&'static str> = VARIANTS
         .iter()
@@ -322,28 +373,16 @@ fn main() {
         // every variant.
         for k in 0..variants.len() {
             let v = variants[(k + r) % variants.len()];
-            match one_round(&a, &node, v, rounds.len()) {
-                Ok(x) => rounds.push(x),
-                Err(e) => {
-                    eprintln!("validator-bench: {v}: {e}");
-                    std::process::exit(1)
-                }
-            }
+            rounds.push(one_round(a, &node, v, rounds.len()).map_err(|e| format!("{v}: {e}"))?);
         }
     }
     let run = if a.run_minutes > 0 {
-        Some(always_on(&a, &node).unwrap_or_else(|e| {
-            eprintln!("validator-bench: {e}");
-            std::process::exit(1)
-        }))
+        Some(always_on(a, &node)?)
     } else {
         None
     };
-    let report = load.stop().unwrap_or_else(|e| {
-        eprintln!("validator-bench: {e}");
-        std::process::exit(1)
-    });
-    print!("{}", markdown(&a, &rounds, run.as_ref(), &report.json));
+    let report = load.stop()?;
+    Ok(markdown(a, &rounds, run.as_ref(), &report.json))
 }
 
 fn markdown(a: &Args, rounds: &[Round], run: Option<&RunResult>, load: &Value) -> String {
