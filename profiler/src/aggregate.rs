@@ -61,6 +61,10 @@ pub struct LongInterval {
     waker_context: i32,
 }
 
+/// Slots whose counts are built in one pass over the events
+/// ([`Aggregator::resolve_slots_each`]).
+pub const SLOTS_PER_PASS: usize = 128;
+
 /// How many of the longest intervals the summary lists.
 const LONGEST_KEPT: usize = 20;
 
@@ -323,7 +327,9 @@ impl Aggregator {
 
     /// [`Self::resolve_slots`] handed out slot by slot, in order: only one
     /// slot's named profiles exist at a time (a busy node's session has
-    /// hundreds of slots of thousands of stacks each).
+    /// hundreds of slots of thousands of stacks each), and the counts are
+    /// built [`SLOTS_PER_PASS`] slots at a time, one pass over the events
+    /// each (a 10-minute attach to a busy node has ~1,400 slots).
     pub fn resolve_slots_each(
         &self,
         timeline: &Timeline,
@@ -331,26 +337,35 @@ impl Aggregator {
         sym: &mut Symbolizer,
         mut each: impl FnMut(usize, Profiles) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        let n = timeline.slots().len();
-        let mut on: Vec<HashMap<StackKey, u64>> = vec![HashMap::new(); n];
-        let mut off: Vec<HashMap<(StackKey, bool), u64>> = vec![HashMap::new(); n];
-        for (ts, key) in &self.sample_log {
-            if let Some(i) = timeline.slot_at(*ts) {
-                *on[i].entry(*key).or_default() += 1;
-            }
-        }
-        self.interval_log.for_each(|iv| {
-            for (i, ns) in timeline.split(iv.start_ns, iv.end_ns) {
-                *off[i].entry((iv.key, iv.preempted)).or_default() += ns;
-            }
-        })?;
+        let slots = timeline.slots();
         let mut names = StackNamer::new(stacks, sym);
-        for (i, (on, off)) in on.iter_mut().zip(off.iter_mut()).enumerate() {
-            let p = names.profiles(on, off);
-            // This slot's counts are done with.
-            *on = HashMap::new();
-            *off = HashMap::new();
-            each(i, p)?;
+        for first in (0..slots.len()).step_by(SLOTS_PER_PASS) {
+            let last = (first + SLOTS_PER_PASS).min(slots.len());
+            let (lo, hi) = (slots[first].start_ns, slots[last - 1].end_ns);
+            let mut on: Vec<HashMap<StackKey, u64>> = vec![HashMap::new(); last - first];
+            let mut off: Vec<HashMap<(StackKey, bool), u64>> = vec![HashMap::new(); last - first];
+            for (ts, key) in &self.sample_log {
+                if let Some(i) = timeline.slot_at(*ts).filter(|i| (first..last).contains(i)) {
+                    *on[i - first].entry(*key).or_default() += 1;
+                }
+            }
+            self.interval_log.for_each(|iv| {
+                if iv.end_ns <= lo || iv.start_ns >= hi {
+                    return;
+                }
+                for (i, ns) in timeline.split(iv.start_ns, iv.end_ns) {
+                    if (first..last).contains(&i) {
+                        *off[i - first].entry((iv.key, iv.preempted)).or_default() += ns;
+                    }
+                }
+            })?;
+            for (j, (on, off)) in on.iter_mut().zip(off.iter_mut()).enumerate() {
+                let p = names.profiles(on, off);
+                // This slot's counts are done with.
+                *on = HashMap::new();
+                *off = HashMap::new();
+                each(first + j, p)?;
+            }
         }
         Ok(())
     }
@@ -682,5 +697,52 @@ mod tests {
         assert_eq!(on, [1, 3, 0]); // ts 99 is outside every slot
         assert_eq!(off, [2, 10, 5]);
         assert_eq!(agg.span().unwrap(), Some((5, 99)));
+    }
+
+    #[test]
+    fn slots_counted_in_several_passes_get_what_one_pass_gives() {
+        use crate::slots::Timeline;
+        let n = SLOTS_PER_PASS as u64 * 2 + 10;
+        let mut agg = Aggregator::new();
+        for ts in [
+            0,
+            5,
+            10 * (SLOTS_PER_PASS as u64 - 1) + 3,
+            10 * SLOTS_PER_PASS as u64,
+            10 * n - 1,
+        ] {
+            agg.ingest(&Event::Sample(CpuSample {
+                kind: EventKind::CpuSample as u32,
+                cpu: 0,
+                ts_ns: ts,
+                tgid: 1,
+                tid: 2,
+                user_stack_id: -14,
+                kernel_stack_id: -14,
+                comm: comm("hot"),
+            }));
+        }
+        // Across the first pass's last slot into the second pass.
+        let across = 10 * (SLOTS_PER_PASS as u64 - 2) + 4;
+        agg.ingest(&Event::OffCpu(off(3, across, across + 30, 1)));
+        let t = Timeline::clock(std::time::Duration::from_nanos(10), 0, None, 0, 10 * n);
+        let mut sym = Symbolizer::new();
+        let per = agg.resolve_slots(&t, &StackTable::new(), &mut sym).unwrap();
+        assert_eq!(per.len() as u64, n);
+        let on: Vec<(usize, u64)> = per
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.oncpu.total() > 0)
+            .map(|(i, p)| (i, p.oncpu.total()))
+            .collect();
+        let s = SLOTS_PER_PASS;
+        assert_eq!(on, [(0, 2), (s - 1, 1), (s, 1), (n as usize - 1, 1)]);
+        let off: Vec<(usize, u64)> = per
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.offcpu.total() > 0)
+            .map(|(i, p)| (i, p.offcpu.total()))
+            .collect();
+        assert_eq!(off, [(s - 2, 6), (s - 1, 10), (s, 10), (s + 1, 4)]);
     }
 }

@@ -446,6 +446,22 @@ impl UserStacks {
         self.held_count
     }
 
+    /// The earliest start of a record still waiting for its stack (at most
+    /// [`HOLD_FOR`]): what `slotprof run` may not yet cut into slots.
+    pub fn oldest_held_start_ns(&self) -> Option<u64> {
+        self.held
+            .values()
+            .flatten()
+            .filter_map(|h| match &h.event {
+                Event::OffCpu(o) => Some(o.start_ns),
+                Event::Sample(s) => Some(s.ts_ns),
+                Event::FutexWait(f) => Some(f.start_ns),
+                Event::Madvise(m) => Some(m.start_ns),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Distinct unwound stacks kept now.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -755,6 +771,25 @@ mod tests {
         }
         assert_eq!(u.sources.offcpu_not_taken, 2);
         assert_eq!(u.held(), 0);
+    }
+
+    #[test]
+    fn the_oldest_held_record_holds_back_its_slot() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        assert_eq!(u.oldest_held_start_ns(), None);
+        u.feed(&offcpu(7, 300, USER_STACK_NEXT), &mut |e| out.push(e))
+            .unwrap();
+        u.feed(&offcpu(9, 100, USER_STACK_NEXT), &mut |e| out.push(e))
+            .unwrap();
+        assert_eq!(u.oldest_held_start_ns(), Some(100));
+        u.feed(&stack_rec(9, stack_for::SYSCALL_EXIT, 0, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        assert_eq!(u.oldest_held_start_ns(), Some(300));
+        u.flush(&mut |e| out.push(e));
+        assert_eq!(u.oldest_held_start_ns(), None);
     }
 
     #[test]

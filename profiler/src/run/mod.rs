@@ -620,8 +620,14 @@ async fn follow(
                 drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user);
                 stacks.user.expire(&mut |e| pending.push(&slot_log, e));
                 probes.set_stack_tops(&stacks.user.take_stack_tops());
+                // A slot is cut once every record that began in it is
+                // here: one still waiting for its thread's stack copy (a
+                // system call that slept more than once exits late; at
+                // most 2 s) holds its slot back instead of arriving after
+                // it and being dropped as late.
                 let now = monotonic_ns();
-                let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
+                let ready = stacks.user.oldest_held_start_ns().map_or(now, |t| now.min(t + GRACE_NS));
+                let done = finished_slots(&slot_source, &slot_log, origin, processed_until, ready);
                 if !done.is_empty() {
                     processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
                     slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
