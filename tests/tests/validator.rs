@@ -1086,9 +1086,21 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
     // (seconds, RSS MiB) from /metrics, every minute.
     let mut rss = Vec::new();
     let mut next_scrape = Duration::from_secs(60);
+    // Slot directories seen while it runs (retention removes the oldest
+    // of a 30-minute run's ~4,000 before the end).
+    let mut seen = std::collections::BTreeSet::new();
     while started.elapsed() < total {
         std::thread::sleep(Duration::from_secs(5));
         assert!(daemon.running(), "slotprof run exited");
+        for e in std::fs::read_dir(export.join("slots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(n) = e.file_name().to_string_lossy().parse::<u64>() {
+                seen.insert(n);
+            }
+        }
         if restarted_at.is_none() && started.elapsed() >= total / 2 {
             eprintln!("restarting the node at {:.0} s", started.elapsed().as_secs_f64());
             node.restart(Duration::from_secs(180))
@@ -1122,27 +1134,12 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
     let (_, restart_slot) = restarted_at.expect("the node was restarted");
 
     // Slots exported in full (every slot of this node is a leader slot).
-    let mut before = 0;
-    let mut after = 0;
-    let mut pids = std::collections::BTreeSet::new();
-    for e in std::fs::read_dir(export.join("slots")).unwrap().flatten() {
-        let Ok(n) = e.file_name().to_string_lossy().parse::<u64>() else {
-            continue;
-        };
-        let sj = read_json(&e.path().join("slot.json"));
-        if let Some(p) = sj["pid"].as_u64() {
-            pids.insert(p);
-        }
-        if n >= restart_slot {
-            after += 1;
-        } else {
-            before += 1;
-        }
-    }
+    let before = seen.iter().filter(|n| **n < restart_slot).count();
+    let after = seen.len() - before;
     let findings = read_json(&export.join("findings.json"));
     let findings = findings.as_array().unwrap();
     eprintln!(
-        "{before} slots exported before the restart, {after} after; pids in slot.json: {pids:?}; {} findings",
+        "{before} slots exported before the restart, {after} after; {} findings",
         findings.len()
     );
     for f in findings {
