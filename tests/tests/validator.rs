@@ -915,16 +915,30 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
     for g in &unmatched {
         eprintln!("a gap no burst made: {}", g["explanation"]);
     }
+    // Precision of what the hog makes: a gap mostly waiting for a CPU where
+    // no burst ran is a false one. The PoH thread's own long waits (a
+    // 50-60 ms futex wait now and then, seen in 1 of 5 runs here) are real
+    // gaps of another cause: listed, not counted against the hog.
+    let cpu_waits = unmatched
+        .iter()
+        .filter(|g| g["cause"] == "waiting for a CPU")
+        .count();
+    row(
+        "CPU hog on the PoH core",
+        "MainLoopGaps of other causes (the node's own)",
+        &(unmatched.len() - cpu_waits).to_string(),
+        "listed",
+        true,
+    );
     assert!(
         row(
             "CPU hog on the PoH core",
-            "MainLoopGaps no burst made",
-            &unmatched.len().to_string(),
+            "MainLoopGaps waiting for a CPU that no burst made",
+            &cpu_waits.to_string(),
             "<= 1 in 30 s",
-            unmatched.len() <= 1
+            cpu_waits <= 1
         ),
-        "{} MainLoopGaps match no hog burst",
-        unmatched.len()
+        "{cpu_waits} MainLoopGaps waiting for a CPU match no hog burst"
     );
 }
 

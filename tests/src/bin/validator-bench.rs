@@ -431,6 +431,10 @@ fn markdown(a: &Args, rounds: &[Round], run: Option<&RunResult>, load: &Value) -
             sps / alone
         );
     }
+    let _ = writeln!(
+        md,
+        "\nperf writes the raw stack copies while recording and unwinds them at `perf report` time (not counted here); slotprof unwinds as it goes (its CPU above includes that and the end-of-session symbolization and export)."
+    );
     // The probes, from the last attach round's summary.
     if let Some(s) = of("slotprof attach")
         .iter()
