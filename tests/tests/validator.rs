@@ -626,45 +626,17 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
     let Some(_k) = kernel() else { return };
     let Some(node) = node() else { return };
     let pid = node.pid();
-    let out = private_dir("stop");
-    let args = [
-        "attach".to_string(),
-        "--pid".into(),
-        pid.to_string(),
-        "--duration".into(),
-        "30s".into(),
-        "--slot-source".into(),
-        format!("rpc={}", node.rpc_url()),
-        "--loop-thread".into(),
-        "solBnkTxSched".into(),
-        "--gap-threshold".into(),
-        "30ms".into(),
-        "--out".into(),
-        out.to_str().unwrap().into(),
-    ];
-    let stops = Arc::new(Mutex::new(Vec::new()));
-    let stopper = {
-        let stops = stops.clone();
-        std::thread::spawn(move || {
-            // slotprof attaches in a few seconds; stops at 10, 16 and 22 s.
-            std::thread::sleep(Duration::from_secs(10));
-            for _ in 0..3 {
-                let at = monotonic_ns();
-                unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-                std::thread::sleep(Duration::from_millis(50));
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-                stops.lock().unwrap().push((at, monotonic_ns()));
-                std::thread::sleep(Duration::from_secs(6));
-            }
-        })
-    };
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, stderr, _) = slotprof_with_rss(&argv);
-    stopper.join().unwrap();
-    assert!(ok, "slotprof attach failed: {stderr}");
-    let stops = stops.lock().unwrap().clone();
-    let slots = slots_of(&out);
-    let gaps = findings(&out, "MainLoopGap");
+    let (_out, stops, slots, gaps) = injected_gaps(
+        &node,
+        "stop",
+        "solBnkTxSched",
+        || {},
+        move || {
+            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+            std::thread::sleep(Duration::from_millis(50));
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        },
+    );
     let mut matched = vec![false; gaps.len()];
     for (i, (stop, cont)) in stops.iter().enumerate() {
         let hit = gaps.iter().position(|g| {
@@ -743,6 +715,59 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
     );
 }
 
+/// A 30 s attach with `--loop-thread loop_thread --gap-threshold 30ms`
+/// while another thread runs `prepare`, then `act` at 10, 16 and 22 s:
+/// the output directory, each act's (start, end), the slots and the
+/// MainLoopGap findings.
+#[allow(clippy::type_complexity)]
+fn injected_gaps(
+    node: &Node,
+    what: &str,
+    loop_thread: &str,
+    prepare: impl FnOnce() + Send + 'static,
+    mut act: impl FnMut() + Send + 'static,
+) -> (
+    Scratch,
+    Vec<(u64, u64)>,
+    BTreeMap<u64, serde_json::Value>,
+    Vec<serde_json::Value>,
+) {
+    let out = private_dir(what);
+    let injector = std::thread::spawn(move || {
+        prepare();
+        // slotprof attaches in a few seconds.
+        std::thread::sleep(Duration::from_secs(10));
+        let mut done = Vec::new();
+        for _ in 0..3 {
+            let at = monotonic_ns();
+            act();
+            done.push((at, monotonic_ns()));
+            std::thread::sleep(Duration::from_secs(6));
+        }
+        done
+    });
+    let (ok, stderr, _) = slotprof_with_rss(&[
+        "attach",
+        "--pid",
+        &node.pid().to_string(),
+        "--duration",
+        "30s",
+        "--slot-source",
+        &format!("rpc={}", node.rpc_url()),
+        "--loop-thread",
+        loop_thread,
+        "--gap-threshold",
+        "30ms",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let done = injector.join().unwrap();
+    assert!(ok, "slotprof attach failed: {stderr}");
+    let slots = slots_of(&out);
+    let gaps = findings(&out, "MainLoopGap");
+    (out, done, slots, gaps)
+}
+
 /// The tid of the node's thread named `comm`.
 fn thread_named(pid: u32, comm: &str) -> Option<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -809,48 +834,19 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
     let pid = node.pid();
     let poh = thread_named(pid, "solPohTickProd").expect("the node has no solPohTickProd thread");
     let _pinned = Pinned::to(poh, 1).expect("pin the PoH thread");
-    let out = private_dir("hog");
-    let args = [
-        "attach".to_string(),
-        "--pid".into(),
-        pid.to_string(),
-        "--duration".into(),
-        "30s".into(),
-        "--slot-source".into(),
-        format!("rpc={}", node.rpc_url()),
-        "--loop-thread".into(),
-        "solPohTickProd".into(),
-        "--gap-threshold".into(),
-        "30ms".into(),
-        "--out".into(),
-        out.to_str().unwrap().into(),
-    ];
-    let bursts = Arc::new(Mutex::new(Vec::new()));
-    let hog = {
-        let bursts = bursts.clone();
-        std::thread::spawn(move || {
-            let _me = Pinned::to(unsafe { libc::gettid() } as u32, 1).expect("pin the hog");
-            let param = libc::sched_param { sched_priority: 1 };
-            let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
-            assert!(fifo, "SCHED_FIFO: {}", std::io::Error::last_os_error());
-            std::thread::sleep(Duration::from_secs(10));
-            for _ in 0..3 {
-                let at = monotonic_ns();
-                while monotonic_ns() - at < 60_000_000 {
-                    std::hint::spin_loop();
-                }
-                bursts.lock().unwrap().push((at, monotonic_ns()));
-                std::thread::sleep(Duration::from_secs(6));
-            }
-        })
+    let prepare = || {
+        std::mem::forget(Pinned::to(unsafe { libc::gettid() } as u32, 1).expect("pin the hog"));
+        let param = libc::sched_param { sched_priority: 1 };
+        let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+        assert!(fifo, "SCHED_FIFO: {}", std::io::Error::last_os_error());
     };
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, stderr, _) = slotprof_with_rss(&argv);
-    hog.join().unwrap();
-    assert!(ok, "slotprof attach failed: {stderr}");
-    let bursts = bursts.lock().unwrap().clone();
-    let slots = slots_of(&out);
-    let gaps = findings(&out, "MainLoopGap");
+    let spin = || {
+        let at = monotonic_ns();
+        while monotonic_ns() - at < 60_000_000 {
+            std::hint::spin_loop();
+        }
+    };
+    let (_out, bursts, slots, gaps) = injected_gaps(&node, "hog", "solPohTickProd", prepare, spin);
     let mut matched = vec![false; gaps.len()];
     for (i, (from, to)) in bursts.iter().enumerate() {
         // The gap that covers most of the burst.
