@@ -617,6 +617,21 @@ mod tests {
         c
     }
 
+    /// An on-CPU sample of thread 2 ("hot") at `ts` with a missing
+    /// kernel stack and user stack `user`.
+    fn sample_at(ts: u64, user: i32) -> Event {
+        Event::Sample(CpuSample {
+            kind: EventKind::CpuSample as u32,
+            cpu: 0,
+            ts_ns: ts,
+            tgid: 1,
+            tid: 2,
+            user_stack_id: user,
+            kernel_stack_id: -14,
+            comm: comm("hot"),
+        })
+    }
+
     fn off(tid: u32, start: u64, end: u64, state: u32) -> OffCpuInterval {
         OffCpuInterval {
             kind: EventKind::OffCpu as u32,
@@ -641,16 +656,7 @@ mod tests {
     fn counts_and_names_with_missing_and_lost_stacks() {
         let mut agg = Aggregator::new();
         for _ in 0..3 {
-            agg.ingest(&Event::Sample(CpuSample {
-                kind: EventKind::CpuSample as u32,
-                cpu: 0,
-                ts_ns: 1,
-                tgid: 1,
-                tid: 2,
-                user_stack_id: -17,
-                kernel_stack_id: -14,
-                comm: comm("hot"),
-            }));
+            agg.ingest(&sample_at(1, -17));
         }
         agg.ingest(&Event::OffCpu(off(3, 100, 2_100, 1)));
         agg.ingest(&Event::OffCpu(off(3, 5_000, 6_000, 0)));
@@ -672,20 +678,8 @@ mod tests {
     fn slots_get_their_samples_and_split_intervals() {
         use crate::slots::Timeline;
         let mut agg = Aggregator::new();
-        let sample = |ts| {
-            Event::Sample(CpuSample {
-                kind: EventKind::CpuSample as u32,
-                cpu: 0,
-                ts_ns: ts,
-                tgid: 1,
-                tid: 2,
-                user_stack_id: -14,
-                kernel_stack_id: -14,
-                comm: comm("hot"),
-            })
-        };
         for ts in [5, 15, 16, 17, 99] {
-            agg.ingest(&sample(ts));
+            agg.ingest(&sample_at(ts, -14));
         }
         // 8..25 spans slot 0 (2 ns), slot 1 (10 ns) and slot 2 (5 ns).
         agg.ingest(&Event::OffCpu(off(3, 8, 25, 1)));
@@ -711,16 +705,7 @@ mod tests {
             10 * SLOTS_PER_PASS as u64,
             10 * n - 1,
         ] {
-            agg.ingest(&Event::Sample(CpuSample {
-                kind: EventKind::CpuSample as u32,
-                cpu: 0,
-                ts_ns: ts,
-                tgid: 1,
-                tid: 2,
-                user_stack_id: -14,
-                kernel_stack_id: -14,
-                comm: comm("hot"),
-            }));
+            agg.ingest(&sample_at(ts, -14));
         }
         // Across the first pass's last slot into the second pass.
         let across = 10 * (SLOTS_PER_PASS as u64 - 2) + 4;
