@@ -88,46 +88,11 @@ fn holds_chain(frames: &[&str], chain: &[&str]) -> bool {
 
 /// perf's samples of `thread` (leaf first per sample) from `perf script`.
 fn perf_samples(perf: &Path, data: &Path, thread: &str) -> Vec<Vec<String>> {
-    let out = Command::new(perf)
-        .args(["script", "--no-inline", "-F", "comm,tid,ip,sym", "-i"])
-        .arg(data)
-        .output()
-        .expect("perf script");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut samples = Vec::new();
-    let mut current: Option<Vec<String>> = None;
-    for line in text.lines() {
-        if line.trim().is_empty() {
-            if let Some(s) = current.take() {
-                samples.push(s);
-            }
-        } else if !line.starts_with(|c: char| c.is_whitespace()) {
-            if let Some(s) = current.take() {
-                samples.push(s);
-            }
-            let comm = line.split_whitespace().next().unwrap_or("");
-            current = (comm == thread).then(Vec::new);
-        } else if let Some(s) = current.as_mut() {
-            let mut parts = line.split_whitespace();
-            let _ip = parts.next();
-            s.push(parts.collect::<Vec<_>>().join(" "));
-        }
-    }
-    samples.extend(current);
-    if samples.is_empty() {
-        eprintln!(
-            "perf script -i {} ({} bytes): {} lines out, stderr: {}",
-            data.display(),
-            std::fs::metadata(data).map_or(0, |m| m.len()),
-            text.lines().count(),
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .take(5)
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
-    }
-    samples
+    perf_script(perf, data)
+        .into_iter()
+        .filter(|s| s.comm == thread)
+        .map(|s| s.frames.into_iter().map(|(sym, _)| sym).collect())
+        .collect()
 }
 
 fn perf_binary() -> Option<PathBuf> {

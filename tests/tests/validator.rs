@@ -1252,42 +1252,17 @@ fn normal_name(name: &str) -> String {
 /// perf's on-CPU samples: per sample, the names of its frames in `binary`
 /// (perf's `dso`), root first.
 fn perf_chains(perf: &Path, data: &Path, binary: &str) -> Vec<Vec<String>> {
-    let out = Command::new(perf)
-        .args(["script", "--no-inline", "-F", "comm,tid,ip,sym,dso", "-i"])
-        .arg(data)
-        .output()
-        .expect("perf script");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut samples = Vec::new();
-    let mut current: Vec<String> = Vec::new();
-    let mut in_sample = false;
-    for line in text.lines() {
-        if line.trim().is_empty() || !line.starts_with(|c: char| c.is_whitespace()) {
-            if in_sample {
-                current.reverse();
-                samples.push(std::mem::take(&mut current));
-            }
-            in_sample = !line.trim().is_empty();
-            continue;
-        }
-        // "\t    55d0c0a1b2c3 sym+0x1f (/path/to/dso)"
-        let line = line.trim();
-        let Some((rest, dso)) = line.rsplit_once(" (") else {
-            continue;
-        };
-        if !dso.trim_end_matches(')').ends_with(binary) {
-            continue;
-        }
-        let sym = rest.split_once(' ').map_or("", |(_, s)| s);
-        if !sym.is_empty() && sym != "[unknown]" {
-            current.push(normal_name(sym));
-        }
-    }
-    if in_sample {
-        current.reverse();
-        samples.push(current);
-    }
-    samples
+    perf_script(perf, data)
+        .into_iter()
+        .map(|s| {
+            s.frames
+                .iter()
+                .rev()
+                .filter(|(sym, dso)| dso.ends_with(binary) && !sym.is_empty() && sym != "[unknown]")
+                .map(|(sym, _)| normal_name(sym))
+                .collect()
+        })
+        .collect()
 }
 
 /// Stacks against the reference: `perf record --call-graph dwarf` on the

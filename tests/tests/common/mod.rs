@@ -405,3 +405,58 @@ pub fn row(test: &str, check: &str, measured: &str, bound: &str, ok: bool) -> bo
     }
     ok
 }
+
+/// One sample of `perf script`: the thread's comm and its frames, leaf
+/// first, each as (symbol, dso).
+pub struct PerfSample {
+    pub comm: String,
+    pub frames: Vec<(String, String)>,
+}
+
+/// `perf script --no-inline -F comm,tid,ip,sym,dso` of `data`, parsed;
+/// what perf said on stderr when it gave nothing.
+pub fn perf_script(perf: &Path, data: &Path) -> Vec<PerfSample> {
+    let out = Command::new(perf)
+        .args(["script", "--no-inline", "-F", "comm,tid,ip,sym,dso", "-i"])
+        .arg(data)
+        .output()
+        .expect("perf script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut samples = Vec::new();
+    let mut current: Option<PerfSample> = None;
+    for line in text.lines() {
+        if line.trim().is_empty() || !line.starts_with(|c: char| c.is_whitespace()) {
+            samples.extend(current.take());
+            if !line.trim().is_empty() {
+                let comm = line.split_whitespace().next().unwrap_or("").to_string();
+                current = Some(PerfSample {
+                    comm,
+                    frames: Vec::new(),
+                });
+            }
+            continue;
+        }
+        // "\t    55d0c0a1b2c3 sym+0x1f (/path/to/dso)"
+        let Some(s) = current.as_mut() else { continue };
+        let line = line.trim();
+        let (rest, dso) = line.rsplit_once(" (").unwrap_or((line, ""));
+        let sym = rest.split_once(' ').map_or("", |(_, s)| s);
+        s.frames
+            .push((sym.to_string(), dso.trim_end_matches(')').to_string()));
+    }
+    samples.extend(current);
+    if samples.is_empty() {
+        eprintln!(
+            "perf script -i {} ({} bytes): {} lines out, stderr: {}",
+            data.display(),
+            std::fs::metadata(data).map_or(0, |m| m.len()),
+            text.lines().count(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+    samples
+}
