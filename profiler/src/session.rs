@@ -174,6 +174,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut ticks = 0u64;
     let mut exited_after = None;
+    let mut maps_errors = MapsErrors::default();
 
     // Stack ids seen since the last stack epoch began, and in the one
     // before: what a new epoch may empty from the kernel.
@@ -203,7 +204,9 @@ pub async fn run(
                 if ticks <= 8 || ticks.is_multiple_of(4) {
                     // New libraries may have been mapped since the last look
                     // (often, right after start; then once a second).
-                    let _ = sym.track_process(target.pid);
+                    if let Err(e) = sym.track_process(target.pid) {
+                        maps_errors.note(target.pid, &e);
+                    }
                 }
                 {
                     drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
@@ -285,6 +288,12 @@ pub async fn run(
         }
     }
 
+    if target_alive {
+        // Code mapped since the last tick (the last second) is known too.
+        if let Err(e) = sym.track_process(target.pid) {
+            maps_errors.note(target.pid, &e);
+        }
+    }
     let counters = probes.counters()?;
     let unwinding;
     let unwind_warnings;
@@ -592,14 +601,18 @@ pub(crate) fn uprobe_target(
 }
 
 /// After releasing a held child: its view once it has exec'd the command
-/// (its executable is no longer slotprof's), or as it is after 60 s. An
-/// exec takes a millisecond natively but can take seconds in an emulated
-/// VM under the probes; past the old 2 s limit the session took the
-/// trampoline's executable for the target's.
+/// and the kernel has mapped the command's code (its executable is no
+/// longer slotprof's, and `/proc/PID/maps` shows the new one executable),
+/// or as it is after 60 s. An exec takes a millisecond natively but can
+/// take seconds in an emulated VM under the probes; past the old 2 s limit
+/// the session took the trampoline's executable for the target's. The
+/// executable changes at the start of the exec, before its code is
+/// mapped: a map read in between holds only the stack, and a VM run whose
+/// first read fell there once decoded none of its samples.
 async fn wait_for_exec(held: &Target) -> Target {
     for _ in 0..12_000 {
         match Target::from_pid(held.pid) {
-            Ok(now) if now.exe != held.exe => return now,
+            Ok(now) if now.exe != held.exe && code_is_mapped(&now) => return now,
             Ok(_) => {}
             // Gone (the exec failed and the trampoline exited): the
             // session sees it exit.
@@ -608,6 +621,34 @@ async fn wait_for_exec(held: &Target) -> Target {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
+}
+
+/// Failed re-reads of a target's memory map: said once (with the first
+/// error), since code mapped after the last good read is not symbolized.
+#[derive(Default)]
+pub(crate) struct MapsErrors {
+    said: bool,
+}
+
+impl MapsErrors {
+    pub(crate) fn note(&mut self, pid: u32, e: &std::io::Error) {
+        if !std::mem::replace(&mut self.said, true) {
+            eprintln!(
+                "slotprof: warning: cannot re-read /proc/{pid}/maps ({e}); code mapped after the last read \
+                 will show as [unknown] addresses"
+            );
+        }
+    }
+}
+
+/// Whether `target`'s executable has an executable mapping yet.
+fn code_is_mapped(target: &Target) -> bool {
+    let Some(exe) = &target.exe else { return false };
+    symbolizer::maps::ProcessMaps::read(target.pid).is_ok_and(|m| {
+        m.mappings()
+            .iter()
+            .any(|m| m.executable && m.path.as_deref() == Some(exe.as_path()))
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -555,6 +555,7 @@ async fn follow(
         config.export_dir.display()
     );
     let mut sym = crate::session::symbolizer_for(target.pid)?;
+    let mut maps_errors = crate::session::MapsErrors::default();
     let mut phase = config.phase_probe.as_ref().map(|c| {
         let cpus = c.cpus.clone().unwrap_or_else(|| {
             std::fs::read_to_string("/sys/devices/system/cpu/online")
@@ -612,7 +613,9 @@ async fn follow(
                 ticks += 1;
                 let alive = target.is_alive();
                 if ticks.is_multiple_of(20) {
-                    let _ = sym.track_process(target.pid);
+                    if let Err(e) = sym.track_process(target.pid) {
+                        maps_errors.note(target.pid, &e);
+                    }
                 }
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
