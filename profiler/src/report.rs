@@ -238,6 +238,9 @@ pub struct Unwinding {
     pub unwind_errors: u64,
     /// Frames in code no file backs (JIT, anonymous): unwound with frame pointers.
     pub anonymous_frames: u64,
+    /// Stacks that began like one walked before and held the same words
+    /// where that walk read: its frames, not walked again (exact).
+    pub remembered: u64,
     /// Bytes of unwind sections held (.eh_frame, .eh_frame_hdr, .debug_frame).
     pub table_bytes: usize,
     /// Which way the stacks of reported records were taken.
@@ -291,6 +294,7 @@ impl Unwinding {
             no_unwind_info: t.no_unwind_info,
             unwind_errors: t.errors,
             anonymous_frames: t.anonymous_frames,
+            remembered: t.remembered,
             table_bytes: user.unwinder.table_bytes(),
             sources: user.sources.clone(),
             kernel_copies_at_syscall_exit: c.user_stacks_at_exit,

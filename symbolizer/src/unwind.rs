@@ -328,6 +328,9 @@ pub struct UnwindTotals {
     pub anonymous_frames: u64,
     /// Stack bytes unwound from.
     pub stack_bytes: u64,
+    /// Stacks that began as a remembered walk and held the same words
+    /// where it read: its frames, without walking again.
+    pub remembered: u64,
 }
 
 /// Why a stack ended.
@@ -370,6 +373,82 @@ pub struct Unwinder {
     pub totals: UnwindTotals,
     /// Warnings not yet said (a corrupt module's CFI, once per file).
     warnings: Vec<String>,
+    /// Recent walks by where they began (see [`Remembered`]).
+    walks: HashMap<WalkKey, Remembered>,
+}
+
+/// Where a walk began: the process and the three registers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct WalkKey {
+    pid: u32,
+    ip: u64,
+    sp: u64,
+    bp: u64,
+}
+
+/// A walk as it went: every stack word it read (offset from `sp`, value)
+/// in order, and the read that failed, if one ended it. A walk is a
+/// function of the registers, the modules and the words it read, so a new
+/// stack that begins with the same registers and holds the same values at
+/// those offsets walks to the same frames; only the words are compared,
+/// not the frames re-derived. A thread that waits again where it waited
+/// before (most waits of a validator's 160 threads) costs a few compares
+/// instead of a walk through the CFI of a 77 MB binary.
+struct Remembered {
+    offsets: Box<[u32]>,
+    values: Box<[u64]>,
+    failed_at: Option<u64>,
+    frames: Box<[u64]>,
+    end: End,
+    reach: u64,
+}
+
+/// Walks remembered at most; past it the memory starts over (a validator
+/// has a few hundred distinct wait sites).
+const REMEMBERED_WALKS: usize = 8192;
+
+impl Remembered {
+    /// Whether `stack` (from `sp`, the key's) holds what this walk read.
+    fn holds(&self, sp: u64, stack: &[u8]) -> bool {
+        self.offsets
+            .iter()
+            .zip(self.values.iter())
+            .all(|(&off, &v)| read_word(sp, stack, sp + off as u64) == Some(v))
+            && self
+                .failed_at
+                .is_none_or(|addr| read_word(sp, stack, addr).is_none())
+    }
+}
+
+/// A walk's read offsets and the values found there.
+type Words = (Box<[u32]>, Box<[u64]>);
+
+/// The words one walk read.
+#[derive(Default)]
+struct Reads {
+    words: Vec<(u64, u64)>,
+    failed_at: Option<u64>,
+}
+
+impl Reads {
+    /// Offsets and values apart (12 bytes a word, not 16), unless an
+    /// offset is past 4 GiB.
+    fn compact(&self) -> Option<Words> {
+        let offsets = self
+            .words
+            .iter()
+            .map(|&(off, _)| u32::try_from(off).ok())
+            .collect::<Option<Box<[u32]>>>()?;
+        Some((offsets, self.words.iter().map(|&(_, v)| v).collect()))
+    }
+}
+
+/// The little-endian word at `addr` of a stack copied from `sp`, if the
+/// copy holds it.
+fn read_word(sp: u64, stack: &[u8], addr: u64) -> Option<u64> {
+    let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
+    let b = stack.get(off..off.checked_add(8)?)?;
+    Some(u64::from_le_bytes(b.try_into().ok()?))
 }
 
 impl Default for Unwinder {
@@ -389,6 +468,7 @@ impl Unwinder {
             refreshed: HashMap::new(),
             totals: UnwindTotals::default(),
             warnings: Vec::new(),
+            walks: HashMap::new(),
         }
     }
 
@@ -407,6 +487,8 @@ impl Unwinder {
         if self.processes.get(&pid).is_some_and(|p| p.signature == signature) {
             return;
         }
+        // Its modules change: a remembered walk may no longer hold.
+        self.walks.retain(|k, _| k.pid != pid);
         let mut unwinder = UnwinderX86_64::new();
         let mut ranges = Vec::new();
         for m in code {
@@ -532,9 +614,29 @@ impl Unwinder {
         if !self.processes.contains_key(&pid) {
             self.refresh(pid);
         }
-        let mut walked = self.walk(pid, ip, sp, bp, stack);
+        let key = WalkKey { pid, ip, sp, bp };
+        let walked = match self.walks.get(&key).filter(|r| r.holds(sp, stack)) {
+            Some(r) => {
+                self.totals.remembered += 1;
+                (r.frames.to_vec(), r.end, r.reach)
+            }
+            None => self.walk_and_remember(key, stack),
+        };
+        let (mut frames, end, reach) = walked;
+        self.account(pid, &mut frames, end);
+        let end = end_of(&frames);
+        (frames, end, reach)
+    }
+
+    /// Walks a stack not remembered (or no longer the same), reading the
+    /// map again where it leads into unknown code, and remembers it.
+    fn walk_and_remember(&mut self, key: WalkKey, stack: &[u8]) -> (Vec<u64>, End, u64) {
+        let WalkKey { pid, ip, sp, bp } = key;
+        let mut reads = Reads::default();
+        let mut walked = self.walk(pid, ip, sp, bp, stack, &mut reads);
         if self.stopped_in_unknown_code(pid, &walked.0) && self.refresh(pid) {
-            walked = self.walk(pid, ip, sp, bp, stack);
+            reads = Reads::default();
+            walked = self.walk(pid, ip, sp, bp, stack, &mut reads);
             // Code no file backs (a JIT) stays unknown however often the
             // map is read: back off (10 ms, doubling to 10 s) until a read
             // helps again.
@@ -547,10 +649,27 @@ impl Unwinder {
                 };
             }
         }
-        let (mut frames, end, reach) = walked;
-        self.account(pid, &mut frames, end);
-        let end = end_of(&frames);
-        (frames, end, reach)
+        // A walk that ended in unknown code is not remembered: the next
+        // one may find the code mapped. Nor one whose offsets do not fit.
+        if !self.stopped_in_unknown_code(pid, &walked.0) && self.processes.contains_key(&pid) {
+            if let Some((offsets, values)) = reads.compact() {
+                if self.walks.len() >= REMEMBERED_WALKS {
+                    self.walks.clear();
+                }
+                self.walks.insert(
+                    key,
+                    Remembered {
+                        offsets,
+                        values,
+                        failed_at: reads.failed_at,
+                        frames: walked.0.clone().into(),
+                        end: walked.1,
+                        reach: walked.2,
+                    },
+                );
+            }
+        }
+        walked
     }
 
     fn stopped_in_unknown_code(&self, pid: u32, frames: &[u64]) -> bool {
@@ -585,13 +704,28 @@ impl Unwinder {
     }
 
     /// The frames of one stack and why the walk ended (before accounting).
-    fn walk(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (Vec<u64>, End, u64) {
+    fn walk(
+        &mut self,
+        pid: u32,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+        reads: &mut Reads,
+    ) -> (Vec<u64>, End, u64) {
         let mut reach = sp;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            let off = addr.checked_sub(sp).ok_or(())? as usize;
-            let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
-            reach = reach.max(addr + 8);
-            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+            match read_word(sp, stack, addr) {
+                Some(v) => {
+                    reach = reach.max(addr + 8);
+                    reads.words.push((addr - sp, v));
+                    Ok(v)
+                }
+                None => {
+                    reads.failed_at = Some(addr);
+                    Err(())
+                }
+            }
         };
         let mut frames = Vec::with_capacity(32);
         let end = match self.processes.get(&pid) {
@@ -852,5 +986,47 @@ mod tests {
                 );
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_repeated_stack_is_remembered_and_a_changed_word_walks_again() {
+        let out = std::thread::spawn(|| {
+            let mut out = Vec::new();
+            depth1(&mut out);
+            out
+        })
+        .join()
+        .unwrap();
+        let pid = std::process::id();
+        let mut u = Unwinder::new();
+        u.sync(pid, &ProcessMaps::read(pid).unwrap());
+        let (ip, sp, bp, bytes) = &out[0];
+        let first = u.unwind(pid, *ip, *sp, *bp, bytes);
+        assert_eq!(u.totals.remembered, 0);
+        assert!(first.0.len() >= 4, "{:x?}", first.0);
+        let again = u.unwind(pid, *ip, *sp, *bp, bytes);
+        assert_eq!(u.totals.remembered, 1);
+        assert_eq!(again, first);
+        // Statistics count a remembered stack like a walked one.
+        assert_eq!(u.totals.stacks, 2);
+        assert_eq!(u.totals.complete, 2 * (first.1 == End::Complete) as u64);
+
+        // The first return address the walk read, changed: not the same
+        // stack, walked again (and it no longer finds depth2's caller there).
+        let r = u.walks.values().next().unwrap();
+        let (off, value) = (r.offsets[0] as usize, r.values[0]);
+        let mut changed = bytes.clone();
+        changed[off..off + 8].copy_from_slice(&(value ^ 0x10).to_le_bytes());
+        let walked = u.unwind(pid, *ip, *sp, *bp, &changed);
+        assert_eq!(
+            u.totals.remembered, 1,
+            "a changed word must not be taken as the same stack"
+        );
+        assert_ne!(walked.0, first.0);
+        // A copy cut short before a word the walk read: walked again.
+        let cut = &bytes[..off];
+        let short = u.unwind(pid, *ip, *sp, *bp, cut);
+        assert_eq!(u.totals.remembered, 1);
+        assert_eq!(short.1, End::StackCopyEnd, "{:x?}", short.0);
     }
 }
