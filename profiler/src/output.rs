@@ -45,25 +45,28 @@ pub fn write_atomic_with(
     result.with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// A random suffix for a temporary name (getrandom; the clock and the
+/// pid where it is missing: O_EXCL keeps a guessed name safe either way).
+fn random_suffix() -> u64 {
+    let mut r = [0u8; 8];
+    // SAFETY: writes at most r.len() bytes into r.
+    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+    if n == r.len() as isize {
+        u64::from_ne_bytes(r)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ ((std::process::id() as u64) << 32)
+    }
+}
+
 /// A new file `.name.tmp.RANDOM` in `dir`, created with O_EXCL.
 fn create_temp(dir: &Path, name: &str) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut last = None;
     for _ in 0..16 {
-        let mut r = [0u8; 8];
-        // SAFETY: writes at most r.len() bytes into r.
-        let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-        let suffix = if n == r.len() as isize {
-            u64::from_ne_bytes(r)
-        } else {
-            // No getrandom: the clock's nanoseconds and the pid still
-            // differ per try; O_EXCL keeps it safe either way.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            t ^ ((std::process::id() as u64) << 32)
-        };
-        let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
+        let tmp = dir.join(format!(".{name}.tmp.{:016x}", random_suffix()));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -77,6 +80,44 @@ fn create_temp(dir: &Path, name: &str) -> std::io::Result<(std::path::PathBuf, s
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
+/// A new, empty directory `.name.tmp.RANDOM` beside `dir` (mode 0755),
+/// made by this call (mkdir fails on a name that exists, a planted
+/// symlink included): where a directory is built before one rename makes
+/// it `dir`.
+pub fn temp_dir_beside(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let parent = dir
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("dir");
+    let mut last = None;
+    for _ in 0..16 {
+        let tmp = parent.join(format!(".{name}.tmp.{:016x}", random_suffix()));
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => return Ok(tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
+/// Writes a new file `path` (O_EXCL, no symlink followed), without a sync:
+/// for files inside a directory made by [`temp_dir_beside`], which one
+/// rename publishes whole.
+pub fn write_new(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]

@@ -372,10 +372,23 @@ pub fn write_profiles(
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    write_profiles_with(dir, p, meta, subtitle, write_atomic)
+}
+
+/// [`write_profiles`] into `dir`, each file through `write` (a new,
+/// private directory published whole by one rename needs no atomic file
+/// writes inside it).
+pub fn write_profiles_with(
+    dir: &Path,
+    p: &Profiles,
+    meta: &ProfileMeta,
+    subtitle: &str,
+    write: fn(&Path, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     let mut put = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
         let path = dir.join(name);
-        write_atomic(&path, bytes)?;
+        write(&path, bytes)?;
         written.push(path);
         Ok(())
     };

@@ -3,6 +3,13 @@
 //! profiles, summary lines, the index; retention by bytes and by age
 //! (oldest first) and a free-space floor below which nothing is written.
 //!
+//! Slot and window directories are not synced to disk: a validator's disk
+//! is busy with its ledger, and a sync per file (a dozen per slot, 2-4
+//! slots a second) forces journal commits it would wait behind. A power
+//! loss can lose the last seconds of them (never a half directory: each
+//! appears by one rename); the hourly files, the index and findings.json
+//! are synced.
+//!
 //! Layout under the export directory:
 //! - `slots/<n>/`: oncpu/offcpu .folded and .svg, profile.pb.gz, slot.json
 //!   (slots with findings and leader slots, per `export.full`);
@@ -27,7 +34,7 @@ use crate::{
     config::{Config, FullExport},
     detectors::Finding,
     output::write_atomic,
-    report::write_profiles,
+    report::{write_profiles, write_profiles_with},
     slot_export::{index_html, summarize, window_json, SlotSummary},
     slots::Slot,
 };
@@ -305,13 +312,10 @@ impl Exporter {
         subtitle: &str,
         json: (&str, &[u8]),
     ) -> anyhow::Result<()> {
-        let parent = dir.parent().unwrap_or(Path::new("."));
-        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("x");
-        let tmp = parent.join(format!(".{name}.tmp"));
-        let _ = std::fs::remove_dir_all(&tmp);
+        let tmp = crate::output::temp_dir_beside(dir).with_context(|| format!("cannot write {}", dir.display()))?;
         let result = (|| {
-            write_profiles(&tmp, p, meta, subtitle)?;
-            write_atomic(&tmp.join(json.0), json.1)?;
+            write_profiles_with(&tmp, p, meta, subtitle, crate::output::write_new)?;
+            crate::output::write_new(&tmp.join(json.0), json.1)?;
             if dir.exists() {
                 std::fs::remove_dir_all(dir)?;
             }
