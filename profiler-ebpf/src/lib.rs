@@ -135,6 +135,10 @@ pub mod stack_for {
     /// A switch-out outside any system call (a preemption, a page-fault
     /// sleep): for the off-CPU interval that begins at `start_ns`.
     pub const SWITCH_OUT: u32 = 3;
+    /// A wakeup of a long futex sleeper by a thread of the target: the
+    /// waker's own stack, copied in its context; `start_ns` is the wakeup's
+    /// time (the futex record's `waker_woken_ns`).
+    pub const WAKER: u32 = 4;
     /// Or'd in: the copy stopped where userspace said the thread's
     /// outermost frame ends (`USER_STACK_TOP`), not at the most we copy.
     pub const BOUNDED: u32 = 1 << 8;
@@ -182,6 +186,12 @@ pub const USER_STACK_NEXT: i32 = -10_001;
 /// User stack id of an off-CPU interval whose user stack was copied at its
 /// switch-out ([`stack_for::SWITCH_OUT`] with the same start).
 pub const USER_STACK_AT_SWITCH_OUT: i32 = -10_002;
+
+/// Waker user stack id of a futex wait whose waker (a thread of the
+/// target) had its user stack copied at the wakeup: the
+/// [`stack_for::WAKER`] copy of `waker_tid` with `start_ns` equal to the
+/// record's `waker_woken_ns`.
+pub const USER_STACK_WAKER_COPY: i32 = -10_003;
 
 /// Words of a tracepoint record a [`HostEvent`] carries (after the 8-byte
 /// common header): enough for every field `slotprof host` reads.
@@ -340,6 +350,9 @@ pub struct FutexWait {
     pub waker_user_stack_id: i32,
     pub waker_context: i32,
     pub _pad: u32,
+    /// When the waker woke it (0 if unknown): with `waker_tid`, the key of
+    /// the waker's stack copy ([`USER_STACK_WAKER_COPY`]).
+    pub waker_woken_ns: u64,
     pub comm: [u8; COMM_LEN],
     pub waker_comm: [u8; COMM_LEN],
 }

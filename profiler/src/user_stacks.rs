@@ -21,6 +21,7 @@ use std::{
 use profiler_ebpf::{
     stack_for, EventKind, KernelStackHeader, OffCpuStart, UserStackHeader, KERNEL_STACK_AT_SWITCH_IN,
     KERNEL_STACK_INLINE, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
+    USER_STACK_WAKER_COPY,
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
@@ -60,6 +61,10 @@ pub struct StackSources {
     pub copy_bytes: u64,
     /// Copies taken at a switch-out that no reported interval used.
     pub switch_out_copies_unused: u64,
+    /// Futex waits whose waker (a thread of the target) had its stack
+    /// copied at the wakeup, and those whose copy did not come.
+    pub waker_copies_used: u64,
+    pub waker_copies_missing: u64,
     /// Malformed stack records (never trusted).
     pub malformed: u64,
 }
@@ -89,6 +94,9 @@ pub struct UserStacks {
     held: HashMap<u32, Vec<Held>>,
     held_count: usize,
     switch_out: HashMap<u32, SwitchOutCopy>,
+    /// (waker tid, wakeup time) -> the waker's unwound stack, until the
+    /// futex record of the thread it woke comes.
+    waker_copies: HashMap<(u32, u64), i32>,
     /// tid -> (start of its open interval, its user stack read from /proc).
     sleepers: HashMap<u32, (u64, (i32, i32))>,
     /// tid -> (start of the interval, kernel stack walked at its switch-in).
@@ -111,6 +119,7 @@ impl Default for UserStacks {
             held: HashMap::new(),
             held_count: 0,
             switch_out: HashMap::new(),
+            waker_copies: HashMap::new(),
             sleepers: HashMap::new(),
             kernel_inline: HashMap::new(),
             kallsyms: SleeperKernelStacks::default(),
@@ -173,6 +182,20 @@ impl UserStacks {
             return self.kernel_stack_record(bytes);
         }
         let mut event = events::decode(bytes).ok_or(Malformed)?;
+        if let Event::FutexWait(f) = &mut event {
+            if f.waker_user_stack_id == USER_STACK_WAKER_COPY {
+                f.waker_user_stack_id = match self.waker_copies.remove(&(f.waker_tid, f.waker_woken_ns)) {
+                    Some(id) => {
+                        self.sources.waker_copies_used += 1;
+                        id
+                    }
+                    None => {
+                        self.sources.waker_copies_missing += 1;
+                        self.not_taken()
+                    }
+                };
+            }
+        }
         if let Event::OffCpu(o) = &mut event {
             if o.kernel_stack_id == KERNEL_STACK_INLINE {
                 o.kernel_stack_id = match self.kernel_inline.remove(&o.tid) {
@@ -268,6 +291,20 @@ impl UserStacks {
         };
         self.sources.copies += 1;
         self.sources.copy_bytes += stack.len() as u64;
+        if header.why & stack_for::MASK == stack_for::WAKER {
+            // Before the record of the thread it woke (that thread had to
+            // run first): kept for it.
+            let id = if stack.is_empty() {
+                self.not_taken()
+            } else {
+                self.unwind_copy(&header, stack)
+            };
+            if self.waker_copies.len() >= 65_536 {
+                self.waker_copies.clear();
+            }
+            self.waker_copies.insert((header.tid, header.start_ns), id);
+            return Ok(());
+        }
         if header.why & stack_for::MASK == stack_for::SWITCH_OUT {
             let copy = SwitchOutCopy {
                 start_ns: header.start_ns,
@@ -439,6 +476,9 @@ impl UserStacks {
         if self.switch_out.len() > 4096 {
             self.switch_out.clear();
         }
+        // A copy whose record never came (its thread was woken again, or
+        // the record was lost) goes with its stack.
+        self.waker_copies.retain(|_, id| ids.contains_key(id));
     }
 
     /// Records waiting for a stack now.
@@ -815,6 +855,59 @@ mod tests {
             .unwrap();
         assert_ne!(u.get(user_id(&out[1])), Some(vec![marker::NOT_TAKEN]));
         assert!(is_unwound(user_id(&out[1])));
+    }
+
+    fn futex_waking(tid: u32, waker: u32, woken_ns: u64) -> Vec<u8> {
+        crate::events::bytes_of(&profiler_ebpf::FutexWait {
+            kind: EventKind::FutexWait as u32,
+            cpu: 0,
+            start_ns: 10,
+            end_ns: woken_ns + 1000,
+            tgid: 999_999_999,
+            tid,
+            uaddr: 0x1234,
+            op: 128,
+            user_stack_id: -1,
+            ret: 0,
+            waker_tid: waker,
+            waker_user_stack_id: USER_STACK_WAKER_COPY,
+            waker_context: 202,
+            _pad: 0,
+            waker_woken_ns: woken_ns,
+            comm: [0; COMM_LEN],
+            waker_comm: [0; COMM_LEN],
+        })
+    }
+
+    fn waker_id(e: &Event) -> i32 {
+        match e {
+            Event::FutexWait(f) => f.waker_user_stack_id,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_wakers_copy_goes_to_the_wait_it_ended_and_no_other() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        // Waker 8 woke 7 at 500: its copy comes first.
+        u.feed(&stack_rec(8, stack_for::WAKER, 500, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        // A wait woken by 8 at another time does not take it.
+        u.feed(&futex_waking(9, 8, 499), &mut |e| out.push(e)).unwrap();
+        assert_eq!(u.get(waker_id(&out[0])), Some(vec![marker::NOT_TAKEN]));
+        u.feed(&futex_waking(7, 8, 500), &mut |e| out.push(e)).unwrap();
+        assert!(is_unwound(waker_id(&out[1])));
+        assert_ne!(u.get(waker_id(&out[1])), Some(vec![marker::NOT_TAKEN]));
+        // Used once: a second record with the same key finds nothing.
+        u.feed(&futex_waking(7, 8, 500), &mut |e| out.push(e)).unwrap();
+        assert_eq!(u.get(waker_id(&out[2])), Some(vec![marker::NOT_TAKEN]));
+        assert_eq!(
+            (u.sources.waker_copies_used, u.sources.waker_copies_missing),
+            (1, 2)
+        );
     }
 
     #[test]

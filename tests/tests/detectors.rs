@@ -351,29 +351,43 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
     // wait must stay over the default 10 ms per lock and slot.
     let hold_ms = (50 * time_scale()).to_string();
     let seconds = (3 * time_scale()).to_string();
-    let (out, _) = record(
-        "lock",
-        &["--loop-thread", "main-loop"],
-        "stall-gaps",
-        &["--seconds", &seconds, "--gap-ms", &hold_ms],
-    );
-    let locks = findings(&out, "LockContention");
-    let bank = locks
-        .iter()
-        .find(|f| {
-            f["stack"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|s| s.as_str().unwrap().ends_with("wait_for_bank_lock"))
-        })
-        .unwrap_or_else(|| panic!("no LockContention names wait_for_bank_lock: {locks:?}"));
-    assert!(
-        bank["explanation"].as_str().unwrap().contains("lock-holder"),
-        "{bank}"
-    );
-    assert!(bank["magnitudes"]["wait_ms"].as_f64().unwrap() >= 10.0);
-    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    // With and without frame pointers: the holder's (waker's) stack is
+    // unwound with CFI like the waiter's, so it names the holding function
+    // in both builds.
+    for (build, bin) in [
+        ("fp", stall_program("stall-gaps")),
+        ("nofp", without_frame_pointers("stall-gaps")),
+    ] {
+        let (out, _) = record_bin(
+            &format!("lock-{build}"),
+            &["--loop-thread", "main-loop"],
+            &bin,
+            &["--seconds", &seconds, "--gap-ms", &hold_ms],
+        );
+        let locks = findings(&out, "LockContention");
+        let names = |f: &serde_json::Value, key: &str, function: &str| {
+            f[key].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|s| s.as_str().is_some_and(|s| s.ends_with(function)))
+            })
+        };
+        let bank = locks
+            .iter()
+            .find(|f| names(f, "stack", "wait_for_bank_lock"))
+            .unwrap_or_else(|| panic!("{build}: no LockContention names wait_for_bank_lock: {locks:?}"));
+        assert!(
+            bank["explanation"].as_str().unwrap().contains("lock-holder"),
+            "{build}: {bank}"
+        );
+        assert!(bank["magnitudes"]["wait_ms"].as_f64().unwrap() >= 10.0);
+        assert!(
+            names(bank, "waker_stack", "hold_bank_lock"),
+            "{build}: the waker's stack does not name hold_bank_lock: {}",
+            bank["waker_stack"]
+        );
+        eprintln!("{build}: waker stack {}", bank["waker_stack"]);
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
 }
 
 /// Whether an on-CPU gap's stack shows the drop: `drop_big_bank`, or the

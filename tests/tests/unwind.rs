@@ -12,24 +12,6 @@ use std::{
 
 use common::*;
 
-/// A stall program as a plain `cargo build --release` makes it (no frame
-/// pointers), built by `cargo xtask build` into target/nofp.
-fn without_frame_pointers(name: &str) -> PathBuf {
-    let release = stall_program(name);
-    let p = release
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("nofp/release")
-        .join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: `cargo xtask build` (or `cargo xtask test`) builds it",
-        p.display()
-    );
-    p
-}
-
 /// How whole `thread`'s folded stacks are, by weight.
 struct Shares {
     /// All of the thread's weight.

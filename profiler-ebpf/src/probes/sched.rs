@@ -18,7 +18,7 @@ use profiler_ebpf::{
     counter, is_wait_syscall, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
     KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
     KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
-    TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT,
+    TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
 };
 
 use super::{
@@ -334,9 +334,19 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
             .get_ptr(&(pid as u32))
             .is_some_and(|f| unsafe { (*f).start_ns } != 0);
         // The waker's user stack only from a task (in an interrupt it is
-        // whoever was interrupted).
+        // whoever was interrupted). A thread of the target gets its stack
+        // copied here, in its own context, and unwound with CFI like every
+        // other stack (no frame pointers needed); another process's waker
+        // gets the kernel's frame-pointer walk.
         let user = if in_futex && waker::is_task(context) {
-            stack_id(&ctx, BPF_F_USER_STACK)
+            if is_target((pid_tgid >> 32) as u32) {
+                match user_regs_now() {
+                    Some(regs) if send_user_stack(&regs, stack_for::WAKER, now) => USER_STACK_WAKER_COPY,
+                    _ => -1,
+                }
+            } else {
+                stack_id(&ctx, BPF_F_USER_STACK)
+            }
         } else {
             -1
         };

@@ -170,10 +170,12 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
     // Who woke it: the waker of its last off-CPU interval, if that
     // wakeup came during this wait.
     let mut waker = None;
+    let mut woken_ns = 0;
     if let Some(o) = OFFCPU_START.get_ptr_mut(&tid) {
         unsafe {
             if (*o).last_waker.tid != 0 && (*o).last_woken_ns >= start.start_ns {
                 waker = Some((*o).last_waker);
+                woken_ns = (*o).last_woken_ns;
             }
             (*o).last_waker.tid = 0;
         }
@@ -203,6 +205,7 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         waker_user_stack_id: wu,
         waker_context: wk,
         _pad: 0,
+        waker_woken_ns: woken_ns,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         waker_comm: wcomm,
     });

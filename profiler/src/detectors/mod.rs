@@ -270,6 +270,7 @@ pub(crate) mod test_support {
             waker_user_stack_id: if waker != 0 { 90 } else { -1 },
             waker_context: -1,
             _pad: 0,
+            waker_woken_ns: 0,
             comm: comm("waiter"),
             waker_comm: comm("holder"),
         }

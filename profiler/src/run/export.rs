@@ -312,7 +312,8 @@ impl Exporter {
         subtitle: &str,
         json: (&str, &[u8]),
     ) -> anyhow::Result<()> {
-        let tmp = crate::output::temp_dir_beside(dir).with_context(|| format!("cannot write {}", dir.display()))?;
+        let tmp =
+            crate::output::temp_dir_beside(dir).with_context(|| format!("cannot write {}", dir.display()))?;
         let result = (|| {
             write_profiles_with(&tmp, p, meta, subtitle, crate::output::write_new)?;
             crate::output::write_new(&tmp.join(json.0), json.1)?;

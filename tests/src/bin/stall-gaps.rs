@@ -66,6 +66,11 @@ fn hold_bank_lock(bank: &Mutex<u64>, taken: &mpsc::Sender<()>, d: Duration) {
     taken.send(()).unwrap();
     thread::sleep(d);
     *guard += 1;
+    // Work after the unlock: the unlock (and its futex wake) is a call
+    // from here, not a tail call that would leave this frame off the
+    // waker's stack.
+    drop(guard);
+    black_box(taken);
 }
 
 /// A bank-like structure: many small heap objects.

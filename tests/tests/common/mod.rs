@@ -215,10 +215,19 @@ pub fn record(
     program: &str,
     args: &[&str],
 ) -> (PathBuf, serde_json::Value) {
+    record_bin(test, slotprof_args, &stall_program(program), args)
+}
+
+/// [`record`] of a stall program at `bin` (e.g. [`without_frame_pointers`]).
+pub fn record_bin(
+    test: &str,
+    slotprof_args: &[&str],
+    bin: &Path,
+    args: &[&str],
+) -> (PathBuf, serde_json::Value) {
     let dir = scratch(test);
     let report = dir.join("report.json");
     let out = dir.join("out");
-    let bin = stall_program(program);
     let mut argv: Vec<&str> = vec!["record", "--out", out.to_str().unwrap()];
     argv.extend(slotprof_args);
     argv.push("--");
@@ -229,6 +238,24 @@ pub fn record(
     assert!(o.status.success());
     say_missing_tracepoints(&out);
     (out, read_json(&report))
+}
+
+/// A stall program as a plain `cargo build --release` makes it (no frame
+/// pointers), built by `cargo xtask build` into target/nofp.
+pub fn without_frame_pointers(name: &str) -> PathBuf {
+    let release = stall_program(name);
+    let p = release
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("nofp/release")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: `cargo xtask build` (or `cargo xtask test`) builds it",
+        p.display()
+    );
+    p
 }
 
 /// The findings of one kind in an output directory.
