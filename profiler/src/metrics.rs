@@ -240,7 +240,31 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
         "slotprof's own resident memory.",
         vec![format!("slotprof_process_resident_memory_bytes {own_rss}")],
     );
+    if let Some((in_use, free)) = heap_bytes() {
+        section(
+            &mut out,
+            "slotprof_heap_bytes",
+            "gauge",
+            "slotprof's malloc heap: bytes in use, and bytes free but still held (fragmentation).",
+            vec![
+                format!("slotprof_heap_bytes{{state=\"in_use\"}} {in_use}"),
+                format!("slotprof_heap_bytes{{state=\"free\"}} {free}"),
+            ],
+        );
+    }
     out
+}
+
+/// glibc's heap: (bytes in use, bytes free but held), all arenas.
+fn heap_bytes() -> Option<(u64, u64)> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let m = unsafe { libc::mallinfo2() };
+        Some(((m.uordblks + m.hblkhd) as u64, m.fordblks as u64))
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
 }
 
 /// Serves /metrics and / until the task is dropped.

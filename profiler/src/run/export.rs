@@ -27,7 +27,7 @@ use std::{
 };
 
 use anyhow::Context;
-use flamegraphs::{pprof::ProfileMeta, Folded};
+use flamegraphs::{pprof::ProfileMeta, Folded, FoldedSum};
 
 use crate::{
     aggregate::Profiles,
@@ -60,8 +60,8 @@ struct Entry {
 /// The current hour's aggregate.
 struct Hour {
     name: String,
-    oncpu: Folded,
-    offcpu: Folded,
+    oncpu: FoldedSum,
+    offcpu: FoldedSum,
     lines: Vec<String>,
     last_write: Option<std::time::Instant>,
 }
@@ -452,14 +452,14 @@ impl Exporter {
         }
         let h = self.hour.get_or_insert_with(|| Hour {
             name,
-            oncpu: Folded::new(),
-            offcpu: Folded::new(),
+            oncpu: FoldedSum::new(),
+            offcpu: FoldedSum::new(),
             lines: Vec::new(),
             last_write: None,
         });
         if self.hourly {
-            h.oncpu.merge(&p.oncpu);
-            h.offcpu.merge(&p.offcpu);
+            h.oncpu.add(&p.oncpu);
+            h.offcpu.add(&p.offcpu);
         }
         h.lines.push(serde_json::to_string(summary)?);
         if h.lines.len() >= 64 {
@@ -519,11 +519,15 @@ impl Exporter {
         let dir = self.dir.join("hours").join(&h.name);
         let fresh = !dir.exists();
         let p = Profiles {
-            oncpu: h.oncpu.clone(),
-            offcpu: h.offcpu.clone(),
+            oncpu: h.oncpu.to_folded(),
+            offcpu: h.offcpu.to_folded(),
             median_user_depth: None,
         };
         write_profiles(&dir, &p, meta, &format!("hour {} UTC", h.name))?;
+        drop(p);
+        // The rendering's buffers (the hour's text, SVG and pprof: several
+        // MB) back to the system now, not in up to 10 s.
+        super::give_back_freed_memory();
         let bytes = dir_bytes(&dir);
         if fresh {
             self.record(dir);

@@ -445,7 +445,7 @@ fn finished_slots(
 /// what is freed: without this the daemon's resident memory stays at that
 /// peak (measured: 46 -> 63 MiB at the first hour change, then flat).
 /// Every 10 s; it costs well under a millisecond.
-fn give_back_freed_memory() {
+pub(crate) fn give_back_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory; nothing is borrowed.
     unsafe {
