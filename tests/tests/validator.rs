@@ -1228,7 +1228,9 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
             "slotprof run never profiled pid {pid}: {said}"
         );
     }
-    assert!(!said.contains("error"), "{said}");
+    // Errors, not warnings: while the node restarts its RPC refuses
+    // connections, and the slot source's warning says so ("os error 111").
+    assert!(!said.contains("slotprof: error"), "{said}");
 }
 
 /// One function name as both tools print it: demangled without the hash,

@@ -305,6 +305,11 @@ struct Pending {
     /// Events that came after their slot was processed (dropped, counted).
     late: u64,
     malformed: u64,
+    /// Whether a chunk was taken yet: before the first, nothing was
+    /// processed, so nothing can be late. (Events of the moments between
+    /// the probes' attach and the session's origin end before the first
+    /// chunk's start: they were counted as late, ~150 at every start.)
+    took_any: bool,
 }
 
 impl Pending {
@@ -346,7 +351,7 @@ impl Pending {
                 keep.push(ev);
                 continue;
             }
-            if end < c && start < c {
+            if end < c && start < c && self.took_any {
                 self.late += 1;
                 continue;
             }
@@ -360,6 +365,7 @@ impl Pending {
             }
         }
         self.events = keep;
+        self.took_any = true;
     }
 
     /// Counts an interval from where it was not yet counted.
@@ -865,5 +871,45 @@ mod target_name_tests {
         assert!(!names_match("solana-test-validator", "solana", None));
         assert!(!names_match("solana-test-validator", "solana-test-vax", None));
         assert!(!names_match("agave", "agave-validator", None));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_ebpf::{CpuSample, EventKind, COMM_LEN};
+
+    fn sample(ts: u64) -> Event {
+        Event::Sample(CpuSample {
+            kind: EventKind::CpuSample as u32,
+            cpu: 0,
+            ts_ns: ts,
+            tgid: 1,
+            tid: 2,
+            user_stack_id: -1,
+            kernel_stack_id: -1,
+            comm: [0; COMM_LEN],
+        })
+    }
+
+    #[test]
+    fn events_before_the_first_chunk_are_not_late_and_after_a_chunk_they_are() {
+        let log = SharedSlotLog::default();
+        let mut p = Pending::default();
+        // Taken between the attach and the origin (100), before any chunk.
+        p.push(&log, sample(90));
+        p.push(&log, sample(150));
+        p.push(&log, sample(250));
+        let mut agg = Aggregator::new();
+        p.take_until(100, 200, &mut agg);
+        assert_eq!(p.late, 0);
+        assert_eq!(agg.samples, 2, "both before 200 are aggregated");
+        assert_eq!(p.events.len(), 1, "the one after 200 waits");
+        // Now a sample of the processed chunk comes: late.
+        p.push(&log, sample(180));
+        let mut agg = Aggregator::new();
+        p.take_until(200, 300, &mut agg);
+        assert_eq!(p.late, 1);
+        assert_eq!(agg.samples, 1);
     }
 }
