@@ -632,6 +632,11 @@ pub(crate) struct MapsErrors {
 
 impl MapsErrors {
     pub(crate) fn note(&mut self, pid: u32, e: &std::io::Error) {
+        // Gone: the target exited (said when the loop sees it), not a
+        // map that cannot be read.
+        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) {
+            return;
+        }
         if !std::mem::replace(&mut self.said, true) {
             eprintln!(
                 "slotprof: warning: cannot re-read /proc/{pid}/maps ({e}); code mapped after the last read \
