@@ -573,7 +573,7 @@ impl<'a> StackNamer<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use profiler_ebpf::EventKind;
 
@@ -619,7 +619,7 @@ mod tests {
 
     /// An on-CPU sample of thread 2 ("hot") at `ts` with a missing
     /// kernel stack and user stack `user`.
-    fn sample_at(ts: u64, user: i32) -> Event {
+    pub(crate) fn sample_at(ts: u64, user: i32) -> Event {
         Event::Sample(CpuSample {
             kind: EventKind::CpuSample as u32,
             cpu: 0,

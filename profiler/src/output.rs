@@ -61,19 +61,24 @@ fn random_suffix() -> u64 {
     }
 }
 
+/// Creates `path`, which must not exist (O_EXCL; a symlink there is not
+/// followed), for writing.
+fn open_new(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// A new file `.name.tmp.RANDOM` in `dir`, created with O_EXCL.
 fn create_temp(dir: &Path, name: &str) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut last = None;
     for _ in 0..16 {
         let tmp = dir.join(format!(".{name}.tmp.{:016x}", random_suffix()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-        {
+        match open_new(&tmp) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
@@ -108,14 +113,7 @@ pub fn temp_dir_beside(dir: &Path) -> std::io::Result<std::path::PathBuf> {
 /// for files inside a directory made by [`temp_dir_beside`], which one
 /// rename publishes whole.
 pub fn write_new(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    let mut f = open_new(path).with_context(|| format!("cannot write {}", path.display()))?;
     f.write_all(bytes)
         .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -877,19 +877,10 @@ mod target_name_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_ebpf::{CpuSample, EventKind, COMM_LEN};
+    use crate::aggregate::tests::sample_at;
 
     fn sample(ts: u64) -> Event {
-        Event::Sample(CpuSample {
-            kind: EventKind::CpuSample as u32,
-            cpu: 0,
-            ts_ns: ts,
-            tgid: 1,
-            tid: 2,
-            user_stack_id: -1,
-            kernel_stack_id: -1,
-            comm: [0; COMM_LEN],
-        })
+        sample_at(ts, -1)
     }
 
     #[test]
