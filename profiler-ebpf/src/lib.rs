@@ -505,9 +505,47 @@ pub struct OffCpuStart {
     /// system call's exit (the futex probe reads it there); `tid` 0: none.
     pub last_waker: LastWaker,
     pub last_woken_ns: u64,
+    /// The futex wait the thread is in (written at the call's entry, read
+    /// at its exit and by the wakeup probe): one entry per thread holds
+    /// everything the hot probes need, so each looks it up once.
+    pub futex: FutexStart,
 }
 
 impl OffCpuStart {
+    /// A thread's entry before anything is recorded in it: on a CPU, no
+    /// stacks, no waker, no futex wait.
+    pub const IDLE: Self = Self {
+        start_ns: 0,
+        user_ip: 0,
+        user_sp: 0,
+        user_bp: 0,
+        user_stack_id: -1,
+        kernel_stack_id: -1,
+        state: 0,
+        waker_tid: 0,
+        waker_tgid: 0,
+        tgid: 0,
+        waker_context: waker::NOT_TAKEN,
+        waker_user_stack_id: -1,
+        waker_comm: [0; COMM_LEN],
+        woken_ns: 0,
+        pending_sp: 0,
+        last_waker: LastWaker {
+            tid: 0,
+            user_stack_id: -1,
+            context: waker::NOT_TAKEN,
+            _pad: 0,
+            comm: [0; COMM_LEN],
+        },
+        last_woken_ns: 0,
+        futex: FutexStart {
+            start_ns: 0,
+            uaddr: 0,
+            op: 0,
+            _pad: 0,
+        },
+    };
+
     /// Every stack id this entry refers to (its own and its waker's).
     pub const fn stack_ids(&self) -> [i32; 3] {
         [self.user_stack_id, self.kernel_stack_id, self.waker_user_stack_id]
@@ -560,25 +598,20 @@ pub struct IrqNesting {
     pub softirq_vecs: u32,
 }
 
-/// Byte offsets of the tracepoint fields the programs read. Userspace takes
-/// them from tracefs `format` files at load time, so a kernel that moves a
-/// field is read correctly instead of silently misread.
+/// Byte offsets of the fields the programs read that are not the kernel's
+/// typed arguments. Userspace sets them at load time (from the kernel's BTF
+/// and tracefs `format` files), so a kernel that moves a field is read
+/// correctly instead of silently misread.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracepointOffsets {
     /// Where `pid` and `comm` are in `struct task_struct` (from the
-    /// kernel's BTF): sched_switch reads them through its `next` pointer.
+    /// kernel's BTF): sched_switch and sched_waking read them through
+    /// their task pointers.
     pub task_pid: u32,
     pub task_comm: u32,
-    pub waking_pid: u32,
-    pub madvise_len: u32,
-    pub madvise_behavior: u32,
-    pub futex_uaddr: u32,
-    pub futex_op: u32,
-    /// `ret` and `id` of raw_syscalls:sys_exit.
-    pub sys_exit_ret: u32,
+    /// `reason` of tlb:tlb_flush.
     pub tlb_reason: u32,
-    pub sys_exit_id: u32,
 }
 
 /// Indices into the per-CPU `COUNTERS` array.

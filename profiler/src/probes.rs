@@ -161,19 +161,20 @@ impl Probes {
         for (program, category, name) in IRQ_NESTING_PROBES {
             status.push(attach_btf_tracepoint(&mut ebpf, &btf, program, category, name));
         }
-        status.extend([
-            // sched_waking runs in the waker's context; sched_wakeup may run
-            // on the target CPU from an IPI, where `current` is unrelated.
-            attach_tracepoint(
-                &mut ebpf,
-                "slotprof_waking",
-                &[("sched", "sched_waking"), ("sched", "sched_wakeup")],
-            ),
-        ]);
+        // sched_waking runs in the waker's context (sched_wakeup may run on
+        // the target CPU from an IPI, where `current` is unrelated).
+        status.push(attach_btf_tracepoint(
+            &mut ebpf,
+            &btf,
+            "slotprof_waking",
+            "sched",
+            "sched_waking",
+        ));
         // Every system call's exit, in one program: deferred user stacks
         // of off-CPU intervals are copied there, and it ends the futex and
         // madvise calls the detectors see (see syscalls.rs for why one).
-        let sys_exit = attach_tracepoint(&mut ebpf, "slotprof_sys_exit", &[("raw_syscalls", "sys_exit")]);
+        let sys_exit =
+            attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_sys_exit", "raw_syscalls", "sys_exit");
         let exit_attached = sys_exit.attached;
         status.push(sys_exit);
         if config.detector_probes {
@@ -182,23 +183,16 @@ impl Probes {
             // whose exit is never seen would stay in the per-thread map (and
             // a futex entry there makes sched_switch take the thread's next
             // sleep for a futex wait).
-            for (enter, enter_tp) in [
-                ("slotprof_madvise_enter", "sys_enter_madvise"),
-                ("slotprof_futex_enter", "sys_enter_futex"),
-            ] {
-                status.push(if exit_attached {
-                    attach_tracepoint(&mut ebpf, enter, &[("syscalls", enter_tp)])
-                } else {
-                    ProbeStatus {
-                        program: enter,
-                        event: format!("syscalls:{enter_tp}"),
-                        attached: false,
-                        error: Some(
-                            "not attached: the exit probe (raw_syscalls:sys_exit) did not attach".into(),
-                        ),
-                    }
-                });
-            }
+            status.push(if exit_attached {
+                attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_sys_enter", "raw_syscalls", "sys_enter")
+            } else {
+                ProbeStatus {
+                    program: "slotprof_sys_enter",
+                    event: "raw_syscalls:sys_enter".into(),
+                    attached: false,
+                    error: Some("not attached: the exit probe (raw_syscalls:sys_exit) did not attach".into()),
+                }
+            });
             for (program, category, name) in [
                 ("slotprof_tlb_flush", "tlb", "tlb_flush"),
                 ("slotprof_page_fault", "exceptions", "page_fault_user"),
@@ -459,24 +453,18 @@ fn open(tgid: u32, min_offcpu: Duration, rotating_stacks: bool) -> anyhow::Resul
         )
 }
 
+/// Where the fields the programs read are on this kernel: `task_struct`'s
+/// from the kernel's BTF, the TLB tracepoint's from tracefs. (The system
+/// call and wakeup probes are BTF tracepoints: their arguments are the
+/// kernel's own, checked by the verifier.)
 fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {
     let (task_pid, task_comm) = crate::btf::task_offsets()?;
-    let waking = tracefs::Format::read(tracefs, "sched", "sched_waking")
-        .or_else(|_| tracefs::Format::read(tracefs, "sched", "sched_wakeup"))?;
-    let unsupported = |e: anyhow::Error| e.context("unsupported sched tracepoint layout on this kernel");
     Ok(TracepointOffsets {
         task_pid,
         task_comm,
-        waking_pid: waking.field("pid", 4).map_err(unsupported)?.offset,
-        // Syscall and TLB layouts: a kernel without these tracepoints gets
-        // the detectors' probes reported as not attached, not a failure.
-        madvise_len: opt_field(tracefs, "syscalls", "sys_enter_madvise", "len_in", 8, 24),
-        madvise_behavior: opt_field(tracefs, "syscalls", "sys_enter_madvise", "behavior", 8, 32),
-        futex_uaddr: opt_field(tracefs, "syscalls", "sys_enter_futex", "uaddr", 8, 16),
-        futex_op: opt_field(tracefs, "syscalls", "sys_enter_futex", "op", 8, 24),
-        sys_exit_ret: opt_field(tracefs, "raw_syscalls", "sys_exit", "ret", 8, 16),
+        // A kernel without the TLB tracepoint gets its probe reported as
+        // not attached, not a failure.
         tlb_reason: opt_field(tracefs, "tlb", "tlb_flush", "reason", 4, 8),
-        sys_exit_id: opt_field(tracefs, "raw_syscalls", "sys_exit", "id", 8, 8),
     })
 }
 

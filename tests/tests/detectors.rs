@@ -77,7 +77,7 @@ impl Drop for MadviseTrace {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
-    let Some(_k) = kernel_with(&["syscalls:sys_enter_madvise", "raw_syscalls:sys_exit"]) else {
+    let Some(_k) = kernel_with(&["raw_syscalls:sys_enter", "raw_syscalls:sys_exit"]) else {
         return;
     };
     let Some(trace) = MadviseTrace::start() else {
@@ -341,7 +341,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn lock_contention_names_the_waiting_stack_and_the_holder() {
-    let Some(_k) = kernel_with(&["syscalls:sys_enter_futex", "raw_syscalls:sys_exit"]) else {
+    let Some(_k) = kernel_with(&["raw_syscalls:sys_enter", "raw_syscalls:sys_exit"]) else {
         return;
     };
     // Holds of 50 ms (250 ms in the emulated test VMs, where a wakeup can

@@ -357,7 +357,7 @@ fn a_c_waiter_in_glibcs_pthread_cond_timedwait_keeps_its_own_function() {
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn a_purge_through_jemalloc_without_frame_pointers_names_jemalloc_and_the_dropping_function() {
-    let Some(_k) = kernel_with(&["syscalls:sys_enter_madvise", "raw_syscalls:sys_exit"]) else {
+    let Some(_k) = kernel_with(&["raw_syscalls:sys_enter", "raw_syscalls:sys_exit"]) else {
         return;
     };
     // stall-alloc as built in target/nofp: our code and tikv-jemallocator's

@@ -14,7 +14,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use profiler_ebpf::{
-    counter, FutexStart, FutexTotals, MadviseStart, OffCpuStart, TracepointOffsets, FUTEX_ADDR_ENTRIES,
+    counter, FutexTotals, MadviseStart, OffCpuStart, TracepointOffsets, FUTEX_ADDR_ENTRIES,
     OFFCPU_MAP_ENTRIES, RING_BYTES, STACK_MAP_ENTRIES,
 };
 
@@ -32,14 +32,7 @@ static MIN_OFFCPU_NS: u64 = 1_000_000;
 static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     task_pid: 0,
     task_comm: 0,
-    waking_pid: 24,
-    madvise_len: 24,
-    madvise_behavior: 32,
-    futex_uaddr: 16,
-    futex_op: 24,
-    sys_exit_ret: 16,
     tlb_reason: 8,
-    sys_exit_id: 8,
 };
 /// Futex waits shorter than this are only counted per address.
 #[no_mangle]
@@ -142,10 +135,6 @@ fn hint_target_tid(tid: u32) {
 /// Target threads inside madvise(2), by tid.
 #[map]
 static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
-
-/// Target threads inside futex(2), by tid.
-#[map]
-static FUTEX_START: LruHashMap<u32, FutexStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// User page faults per target thread (read by the loop uprobe).
 #[map]

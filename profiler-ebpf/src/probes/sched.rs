@@ -10,9 +10,9 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, generated::bpf_get_task_stack,
     },
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::PerCpuArray,
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::BtfTracePointContext,
 };
 use profiler_ebpf::{
     counter, is_wait_syscall, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
@@ -25,7 +25,7 @@ use super::{
     count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
     offsets, stack_id, submit_flags,
     user_stack::{send_user_stack, user_regs_now, user_regs_of},
-    BPF_F_USER_STACK, EVENTS, FUTEX_START, OFFCPU_START,
+    BPF_F_USER_STACK, EVENTS, OFFCPU_START, TP_OFFSETS,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -59,10 +59,7 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
 
     // Switch-in: only threads we saw leave have an interval open.
     let next: *mut task_struct = ctx.arg(2);
-    let off = offsets();
-    let next_pid: i32 =
-        unsafe { bpf_probe_read_kernel((next as *const u8).add(off.task_pid as usize) as *const i32) }
-            .unwrap_or(0);
+    let next_pid = task_pid(next);
     if next_pid <= 0 {
         return 0;
     }
@@ -164,22 +161,8 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
                 user_stack_id,
                 kernel_stack_id,
                 state,
-                waker_tid: 0,
-                waker_tgid: 0,
                 tgid,
-                waker_context: waker::NOT_TAKEN,
-                waker_user_stack_id: -1,
-                woken_ns: 0,
-                waker_comm: [0; COMM_LEN],
-                pending_sp: 0,
-                last_waker: LastWaker {
-                    tid: 0,
-                    user_stack_id: -1,
-                    context: waker::NOT_TAKEN,
-                    _pad: 0,
-                    comm: [0; COMM_LEN],
-                },
-                last_woken_ns: 0,
+                ..OffCpuStart::IDLE
             };
             hint_target_tid(tid);
             if OFFCPU_START.insert(&tid, &start, 0).is_err() {
@@ -301,9 +284,21 @@ fn send_kernel_stack(task: *mut task_struct, tid: u32, start_ns: u64) -> i32 {
 #[map]
 static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStackRecord> = PerCpuArray::with_max_entries(1, 0);
 
-#[tracepoint]
-pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
-    let pid: i32 = unsafe { ctx.read_at(offsets().waking_pid as usize) }.unwrap_or(0);
+/// `task->pid`, by a direct load the verifier checks against the kernel's
+/// BTF (the offset is a constant of the read-only data, set from that BTF
+/// at load time): no helper call at every switch and wakeup.
+#[inline(always)]
+fn task_pid(task: *const task_struct) -> i32 {
+    let off = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(TP_OFFSETS.task_pid)) };
+    unsafe { core::ptr::read_volatile((task as *const u8).add(off as usize) as *const i32) }
+}
+
+/// sched_waking as a BTF tracepoint (`p`, the task being woken): it runs
+/// in the waker's context.
+#[btf_tracepoint(function = "sched_waking")]
+pub fn slotprof_waking(ctx: BtfTracePointContext) -> u32 {
+    let woken: *const task_struct = ctx.arg(0);
+    let pid = task_pid(woken);
     if pid <= 0 {
         return 0;
     }
@@ -330,9 +325,7 @@ pub fn slotprof_waking(ctx: TracePointContext) -> u32 {
     // futex record (lock contention: who held the lock) carries it.
     let (waker_context, waker_user_stack_id) = if asleep >= waker_stack_min_ns() {
         let context = wakeup_context();
-        let in_futex = FUTEX_START
-            .get_ptr(&(pid as u32))
-            .is_some_and(|f| unsafe { (*f).start_ns } != 0);
+        let in_futex = unsafe { (*start).futex.start_ns } != 0;
         // The waker's user stack only from a task (in an interrupt it is
         // whoever was interrupted). A thread of the target gets its stack
         // copied here, in its own context, and unwound with CFI like every

@@ -1,13 +1,19 @@
-//! madvise(2) and futex(2) of the target: their entries from the syscalls
-//! tracepoints, their exits (and every other system call's) from
-//! raw_syscalls:sys_exit.
+//! madvise(2) and futex(2) of the target: their entries from
+//! raw_syscalls:sys_enter, their exits (and every other system call's) from
+//! raw_syscalls:sys_exit, both BTF tracepoints (the kernel's own arguments,
+//! read by direct loads; a classic tracepoint builds a record first: on a
+//! futex storm that was ~10% of these probes' cost).
 //!
 //! Enter records the arguments per thread (a map write, no stack); exit
 //! emits the call, then a copy of the user stack taken there: the thread is
 //! still in its own context returning from the syscall, so its user stack
 //! is the caller's, and short futex waits never pay for a stack at all.
 //!
-//! One program on the exit tracepoint, not one per system call: a second
+//! A futex wait's state lives in the thread's one entry (`OFFCPU_START`,
+//! with its off-CPU interval, last waker and deferred stack), so the exit
+//! looks the thread up once.
+//!
+//! One program on each tracepoint, not one per system call: a second
 //! probe on a tracepoint rewrites its call site (static call) in the
 //! hottest path of every CPU, and under the test VMs' emulation (TCG) that
 //! rewrite raced with the CPUs running it (an int3 oops in
@@ -15,18 +21,18 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
 };
 use profiler_ebpf::{
-    counter, futex_op_waits, waker, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall, MadviseStart,
-    COMM_LEN, USER_STACK_NEXT,
+    counter, futex_op_waits, reg, waker, EventKind, FutexStart, FutexTotals, FutexWait, MadviseCall,
+    MadviseStart, OffCpuStart, COMM_LEN, PT_REGS_WORDS, USER_STACK_NEXT,
 };
 
 use super::{
-    count, count_lost_stacks, is_target, min_futex_ns, offsets, submit_flags,
+    count, count_lost_stacks, hint_target_tid, is_target, min_futex_ns, submit_flags,
     user_stack::{send_stack_at_syscall_exit, take_pending_user_stack},
-    EVENTS, FUTEX_SHORT, FUTEX_START, MADVISE_START, OFFCPU_START,
+    EVENTS, FUTEX_SHORT, MADVISE_START, OFFCPU_START,
 };
 
 /// x86-64 system call numbers.
@@ -36,47 +42,78 @@ const SYS_FUTEX: i64 = 202;
 /// raw_syscalls:sys_exit: a futex wait or madvise call of the target is
 /// emitted with its stack; any other exit takes a deferred user stack if
 /// one is pending (see user_stack.rs). Other processes stop at the tgid.
-#[tracepoint]
-pub fn slotprof_sys_exit(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_exit")]
+pub fn slotprof_sys_exit(ctx: BtfTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_target((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let id: i64 = unsafe { ctx.read_at(offsets().sys_exit_id as usize) }.unwrap_or(-1);
-    let emitted = match id {
-        SYS_FUTEX => futex_exit(&ctx, pid_tgid),
-        SYS_MADVISE => madvise_exit(&ctx, pid_tgid),
-        _ => false,
-    };
-    if !emitted {
-        take_pending_user_stack(pid_tgid as u32);
+    // The tracepoint's own arguments (`struct pt_regs *regs, long ret`):
+    // the system call number is `regs->orig_ax`, read by a direct load
+    // the verifier checks against the kernel's BTF (no helper call, no
+    // record built as for a classic tracepoint).
+    let regs: *const [u64; PT_REGS_WORDS] = ctx.arg(0);
+    let ret: i64 = ctx.arg(1);
+    let id = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*regs)[reg::ORIG_RAX])) } as i64;
+    if id == SYS_MADVISE && madvise_exit(ret, pid_tgid) {
+        return 0;
     }
+    // The thread's one entry: its futex wait, its last waker, its deferred
+    // stack.
+    let Some(p) = OFFCPU_START.get_ptr_mut(&(pid_tgid as u32)) else {
+        return 0;
+    };
+    if id == SYS_FUTEX && futex_exit(ret, pid_tgid, p) {
+        return 0;
+    }
+    take_pending_user_stack(p);
     0
 }
 
-#[tracepoint]
-pub fn slotprof_madvise_enter(ctx: TracePointContext) -> u32 {
+/// raw_syscalls:sys_enter, as a BTF tracepoint: a futex wait or madvise
+/// call of the target records its arguments and start per thread (a map
+/// write, no stack); every other call stops at the number or the tgid.
+/// The arguments are the caller's registers (`regs->di`, `si`, `dx`), read
+/// by direct loads the verifier checks against the kernel's BTF: no record
+/// is built and no helper called, as a classic `syscalls:sys_enter_*`
+/// tracepoint would.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn slotprof_sys_enter(ctx: BtfTracePointContext) -> u32 {
+    let id: i64 = ctx.arg(1);
+    if id != SYS_FUTEX && id != SYS_MADVISE {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_target((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let off = offsets();
-    let start = MadviseStart {
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        len: unsafe { ctx.read_at::<u64>(off.madvise_len as usize) }.unwrap_or(0),
-        behavior: unsafe { ctx.read_at::<u64>(off.madvise_behavior as usize) }.unwrap_or(0) as u32,
-        tlb_local: 0,
-        tlb_ipis: 0,
-        _pad: 0,
-    };
-    if MADVISE_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
-        count(counter::SYSCALL_START_LOST);
+    let regs: *const [u64; PT_REGS_WORDS] = ctx.arg(0);
+    let arg = |i: usize| unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*regs)[i])) };
+    if id == SYS_FUTEX {
+        futex_enter(pid_tgid as u32, arg(reg::RDI), arg(reg::RSI) as u32);
+    } else {
+        madvise_enter(pid_tgid as u32, arg(reg::RSI), arg(reg::RDX) as u32);
     }
     0
 }
 
 #[inline(always)]
-fn madvise_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
+fn madvise_enter(tid: u32, len: u64, behavior: u32) {
+    let start = MadviseStart {
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        len,
+        behavior,
+        tlb_local: 0,
+        tlb_ipis: 0,
+        _pad: 0,
+    };
+    if MADVISE_START.insert(&tid, &start, 0).is_err() {
+        count(counter::SYSCALL_START_LOST);
+    }
+}
+
+#[inline(always)]
+fn madvise_exit(ret: i64, pid_tgid: u64) -> bool {
     let tid = pid_tgid as u32;
     let Some(start) = MADVISE_START.get_ptr(&tid) else {
         return false;
@@ -98,56 +135,52 @@ fn madvise_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         len: start.len,
         behavior: start.behavior,
         user_stack_id,
-        ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
+        ret,
         tlb_local: start.tlb_local,
         tlb_ipis: start.tlb_ipis,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
     entry.submit(submit_flags());
-    send_stack_at_syscall_exit(tid);
+    send_stack_at_syscall_exit(OFFCPU_START.get_ptr_mut(&tid));
     true
 }
 
-#[tracepoint]
-pub fn slotprof_futex_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_target((pid_tgid >> 32) as u32) {
-        return 0;
-    }
-    let off = offsets();
-    let op = unsafe { ctx.read_at::<u64>(off.futex_op as usize) }.unwrap_or(0) as u32;
+#[inline(always)]
+fn futex_enter(tid: u32, uaddr: u64, op: u32) {
     if !futex_op_waits(op) {
-        return 0;
+        return;
     }
     let start = FutexStart {
         start_ns: unsafe { bpf_ktime_get_ns() },
-        uaddr: unsafe { ctx.read_at::<u64>(off.futex_uaddr as usize) }.unwrap_or(0),
+        uaddr,
         op,
         _pad: 0,
     };
-    // The thread's entry stays between calls: rewritten in place.
-    match FUTEX_START.get_ptr_mut(&(pid_tgid as u32)) {
-        Some(p) => unsafe { *p = start },
+    // In the thread's entry (made here if the thread has not switched
+    // out yet), rewritten in place.
+    match OFFCPU_START.get_ptr_mut(&tid) {
+        Some(p) => unsafe { (*p).futex = start },
         None => {
-            if FUTEX_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
+            let entry = OffCpuStart {
+                futex: start,
+                ..OffCpuStart::IDLE
+            };
+            hint_target_tid(tid);
+            if OFFCPU_START.insert(&tid, &entry, 0).is_err() {
                 count(counter::SYSCALL_START_LOST);
             }
         }
     }
-    0
 }
 
 #[inline(always)]
-fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
+fn futex_exit(ret: i64, pid_tgid: u64, p: *mut OffCpuStart) -> bool {
     let tid = pid_tgid as u32;
-    let Some(p) = FUTEX_START.get_ptr_mut(&tid) else {
-        return false;
-    };
-    let start = unsafe { *p };
+    let start = unsafe { (*p).futex };
     if start.start_ns == 0 {
         return false; // not a wait we saw begin
     }
-    unsafe { (*p).start_ns = 0 };
+    unsafe { (*p).futex.start_ns = 0 };
     let now = unsafe { bpf_ktime_get_ns() };
     let waited = now.saturating_sub(start.start_ns);
     if waited < min_futex_ns() {
@@ -171,14 +204,12 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
     // wakeup came during this wait.
     let mut waker = None;
     let mut woken_ns = 0;
-    if let Some(o) = OFFCPU_START.get_ptr_mut(&tid) {
-        unsafe {
-            if (*o).last_waker.tid != 0 && (*o).last_woken_ns >= start.start_ns {
-                waker = Some((*o).last_waker);
-                woken_ns = (*o).last_woken_ns;
-            }
-            (*o).last_waker.tid = 0;
+    unsafe {
+        if (*p).last_waker.tid != 0 && (*p).last_woken_ns >= start.start_ns {
+            waker = Some((*p).last_waker);
+            woken_ns = (*p).last_woken_ns;
         }
+        (*p).last_waker.tid = 0;
     }
     let Some(mut entry) = EVENTS.reserve::<FutexWait>(0) else {
         count(counter::RING_FULL);
@@ -200,7 +231,7 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         uaddr: start.uaddr,
         op: start.op,
         user_stack_id,
-        ret: unsafe { ctx.read_at::<i64>(offsets().sys_exit_ret as usize) }.unwrap_or(0),
+        ret,
         waker_tid,
         waker_user_stack_id: wu,
         waker_context: wk,
@@ -210,6 +241,6 @@ fn futex_exit(ctx: &TracePointContext, pid_tgid: u64) -> bool {
         waker_comm: wcomm,
     });
     entry.submit(submit_flags());
-    send_stack_at_syscall_exit(tid);
+    send_stack_at_syscall_exit(Some(p));
     true
 }

@@ -22,11 +22,11 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
 };
 use profiler_ebpf::{
-    counter, reg, stack_for, EventKind, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES, PT_REGS_WORDS,
-    RING_BYTES, USER_STACK_BYTES,
+    counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES,
+    PT_REGS_WORDS, RING_BYTES, USER_STACK_BYTES,
 };
 
-use super::{count, submit_flags, EVENTS, OFFCPU_START};
+use super::{count, submit_flags, EVENTS};
 
 /// Where a record is built (16 KiB: too big for the BPF stack).
 #[map]
@@ -189,10 +189,7 @@ pub fn send_no_stack(why: u32) {
 /// (its system call is returning; `OffCpuStart::pending_sp`, set at the
 /// switch-in of a reported interval). Returns whether one was pending.
 #[inline(always)]
-pub fn take_pending_user_stack(tid: u32) -> bool {
-    let Some(p) = OFFCPU_START.get_ptr_mut(&tid) else {
-        return false;
-    };
+pub fn take_pending_user_stack(p: *mut OffCpuStart) -> bool {
     let want_sp = unsafe { (*p).pending_sp };
     if want_sp == 0 {
         return false;
@@ -216,8 +213,8 @@ pub fn take_pending_user_stack(tid: u32) -> bool {
 /// [`profiler_ebpf::USER_STACK_NEXT`]: copies the stack once, for that
 /// record and for a deferred interval of the same call if there is one.
 #[inline(always)]
-pub fn send_stack_at_syscall_exit(tid: u32) {
-    if let Some(p) = OFFCPU_START.get_ptr_mut(&tid) {
+pub fn send_stack_at_syscall_exit(entry: Option<*mut OffCpuStart>) {
+    if let Some(p) = entry {
         unsafe { (*p).pending_sp = 0 };
     }
     match user_regs_now() {
