@@ -443,7 +443,7 @@ fn storm_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     );
     let _ = writeln!(
         md,
-        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 the one-pair table below read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Before issue 15, a switch-out inside a futex wait skipped the kernel stack walk and a wakeup walked the waker's stacks only near the reporting minimum (two-pair storm 0.41-0.44 of alone). Since issue 15 no stack is taken at a switch-out or wakeup unless it will be reported: a blocked thread's kernel stack is walked (or named by its waiting system call) at its switch-in once the interval is known to be long enough, its user stack copied at its system call's exit; wakers are described by interrupt nesting and the waking task's system call, without a walk.\n"
+        "History: the worst cost was the stack walks at every switch-out and wakeup. At commit 9e315a5 the one-pair table below read sched_switch 2374 ns/run, sched_waking 3720 ns/run, all probes 16.1% of the machine (same command). Before issue 15, a switch-out inside a futex wait skipped the kernel stack walk and a wakeup walked the waker's stacks only near the reporting minimum (two-pair storm 0.41-0.44 of alone). Since issue 15 no stack is taken at a switch-out or wakeup unless it will be reported: a blocked thread's kernel stack is walked (or named by its waiting system call) at its switch-in once the interval is known to be long enough, its user stack copied at its system call's exit; wakers are described by interrupt nesting and the waking task's system call, without a walk. At commit 92a51e3 the system call and wakeup probes became BTF tracepoints (the kernel's own arguments by direct loads; a classic tracepoint builds a record and the program reads it through a helper) and a thread's futex wait moved into its one off-CPU entry: the two-pair futex storm went from 0.70 to 0.78 of alone, the pipe storm from 0.73 to 0.75 (this bench at d4bc241 and at 92a51e3).\n"
     );
     for (which, title) in [(ALL_PROBES, "one pair"), (ALL_PROBES_2, "two pairs")] {
         let v = &VARIANTS[which];
@@ -491,9 +491,11 @@ fn probe_cost_text(summary: &Value) -> String {
     );
     // Split the kernel-accounted time between the detectors' probes and the
     // on/off-CPU ones: a steadier answer than the noisy throughput ratio.
+    // (slotprof_sys_enter records futex waits and madvise calls: a
+    // detector probe; slotprof_sys_exit also copies deferred off-CPU
+    // stacks, so it stays with the on/off-CPU ones.)
     let detector = [
-        "slotprof_madvise",
-        "slotprof_futex",
+        "slotprof_sys_enter",
         "slotprof_tlb",
         "slotprof_ipi",
         "slotprof_page",
