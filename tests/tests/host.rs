@@ -493,7 +493,7 @@ fn locked_vm_untouched_when_unevictable_off_and_kcompactd_found_when_on() {
     );
     check_guest_slower(&report, &out_b);
     assert!(
-        loaded_slotprof_programs().is_empty(),
+        slotprof_programs_left().is_empty(),
         "slotprof left programs loaded"
     );
 }
@@ -537,7 +537,7 @@ fn manual_compaction_of_a_locked_vm_names_the_writer() {
     );
     check_guest_slower(&report, &out);
     assert!(
-        loaded_slotprof_programs().is_empty(),
+        slotprof_programs_left().is_empty(),
         "slotprof left programs loaded"
     );
 }

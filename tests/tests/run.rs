@@ -269,7 +269,7 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
 
     // After SIGTERM: nothing loaded, nothing half-written.
     assert_eq!(
-        loaded_slotprof_programs(),
+        slotprof_programs_left(),
         Vec::<String>::new(),
         "BPF programs left loaded"
     );
@@ -357,7 +357,7 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
         "retention removed nothing ({kept} of {passed} slots kept)"
     );
     assert_eq!(
-        loaded_slotprof_programs(),
+        slotprof_programs_left(),
         Vec::<String>::new(),
         "BPF programs left loaded"
     );

@@ -236,7 +236,7 @@ fn not_root_is_told_what_to_do() {
 fn no_programs_stay_loaded_after_the_end_or_sigint() {
     let Some(_k) = kernel() else { return };
     assert_eq!(
-        loaded_slotprof_programs(),
+        slotprof_programs_left(),
         Vec::<String>::new(),
         "left over from before this test"
     );
@@ -261,7 +261,7 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
     ]);
     assert!(o.status.success());
     assert_eq!(
-        loaded_slotprof_programs(),
+        slotprof_programs_left(),
         Vec::<String>::new(),
         "after a normal end"
     );
@@ -289,7 +289,7 @@ fn no_programs_stay_loaded_after_the_end_or_sigint() {
     unsafe { libc::kill(sp.id() as i32, libc::SIGINT) };
     let status = sp.wait().unwrap();
     assert!(status.success(), "{status}");
-    assert_eq!(loaded_slotprof_programs(), Vec::<String>::new(), "after SIGINT");
+    assert_eq!(slotprof_programs_left(), Vec::<String>::new(), "after SIGINT");
     let s = read_json(&out2.join("summary.json"));
     assert_eq!(s["ended_by"], "interrupted");
 

@@ -1218,7 +1218,7 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
         "events lost:\n{scrape_text}"
     );
     assert_eq!(
-        loaded_slotprof_programs(),
+        slotprof_programs_left(),
         Vec::<String>::new(),
         "BPF programs left loaded"
     );

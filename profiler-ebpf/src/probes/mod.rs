@@ -132,6 +132,71 @@ fn hint_target_tid(tid: u32) {
     }
 }
 
+/// Per tid slot (`tid & EXIT_HINT_MASK`): the tid whose system call exit
+/// has work in its `OFFCPU_START` entry (a futex wait begun, or a deferred
+/// user stack to copy), `EXIT_HINT_SHARED` when two tids of one slot had, 0
+/// when none. Every system call exit of the target reads it first: most
+/// have nothing to do and stop there instead of looking their entry up.
+/// Written by a thread's own system call entry, by its switch-in (before
+/// it runs), and cleared by its own exit: one tid never races with itself.
+/// A slot is a cache line of its own: threads made one after another have
+/// consecutive tids, and sharing a line would bounce it between their CPUs
+/// at every system call.
+static mut EXIT_HINT: [ExitHintSlot; EXIT_HINT_SLOTS] = [ExitHintSlot {
+    tid: 0,
+    _pad: [0; 15],
+}; EXIT_HINT_SLOTS];
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct ExitHintSlot {
+    tid: u32,
+    _pad: [u32; 15],
+}
+
+const EXIT_HINT_SLOTS: usize = 1 << 12;
+const EXIT_HINT_MASK: u32 = (EXIT_HINT_SLOTS - 1) as u32;
+const EXIT_HINT_SHARED: u32 = u32::MAX;
+
+#[inline(always)]
+fn exit_hint(tid: u32) -> *mut u32 {
+    let slot = (tid & EXIT_HINT_MASK) as usize;
+    unsafe { core::ptr::addr_of_mut!(EXIT_HINT[slot].tid) }
+}
+
+/// Marks that `tid`'s next system call exit has work in its entry.
+#[inline(always)]
+fn hint_exit_work(tid: u32) {
+    let p = exit_hint(tid);
+    unsafe {
+        let had = core::ptr::read_volatile(p);
+        if had == 0 {
+            core::ptr::write_volatile(p, tid);
+        } else if had != tid && had != EXIT_HINT_SHARED {
+            core::ptr::write_volatile(p, EXIT_HINT_SHARED);
+        }
+    }
+}
+
+/// Whether `tid`'s exit may have work (false: certainly not).
+#[inline(always)]
+fn exit_work_hinted(tid: u32) -> bool {
+    let had = unsafe { core::ptr::read_volatile(exit_hint(tid)) };
+    had == tid || had == EXIT_HINT_SHARED
+}
+
+/// `tid`'s exit did its work: its slot is free again (a shared slot stays
+/// shared: the other tid may still have work).
+#[inline(always)]
+fn clear_exit_hint(tid: u32) {
+    let p = exit_hint(tid);
+    unsafe {
+        if core::ptr::read_volatile(p) == tid {
+            core::ptr::write_volatile(p, 0);
+        }
+    }
+}
+
 /// Target threads inside madvise(2), by tid.
 #[map]
 static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);

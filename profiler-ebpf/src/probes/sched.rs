@@ -22,8 +22,8 @@ use profiler_ebpf::{
 };
 
 use super::{
-    count, count_lost_stacks, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns, min_offcpu_ns,
-    offsets, stack_id, submit_flags,
+    count, count_lost_stacks, hint_exit_work, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns,
+    min_offcpu_ns, offsets, stack_id, submit_flags,
     user_stack::{send_user_stack, user_regs_now, user_regs_of},
     BPF_F_USER_STACK, EVENTS, OFFCPU_START, TP_OFFSETS,
 };
@@ -203,6 +203,7 @@ fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, sta
         };
         if sp != 0 {
             unsafe { (*p).pending_sp = sp };
+            hint_exit_work(tid);
         } else {
             user_stack_id = -14;
         }

@@ -30,7 +30,8 @@ use profiler_ebpf::{
 };
 
 use super::{
-    count, count_lost_stacks, hint_target_tid, is_target, min_futex_ns, submit_flags,
+    clear_exit_hint, count, count_lost_stacks, exit_work_hinted, hint_exit_work, hint_target_tid, is_target,
+    min_futex_ns, submit_flags,
     user_stack::{send_stack_at_syscall_exit, take_pending_user_stack},
     EVENTS, FUTEX_SHORT, MADVISE_START, OFFCPU_START,
 };
@@ -59,8 +60,13 @@ pub fn slotprof_sys_exit(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     // The thread's one entry: its futex wait, its last waker, its deferred
-    // stack.
-    let Some(p) = OFFCPU_START.get_ptr_mut(&(pid_tgid as u32)) else {
+    // stack; looked up only when its entry or switch-in said there is work.
+    let tid = pid_tgid as u32;
+    if !exit_work_hinted(tid) {
+        return 0;
+    }
+    clear_exit_hint(tid);
+    let Some(p) = OFFCPU_START.get_ptr_mut(&tid) else {
         return 0;
     };
     if id == SYS_FUTEX && futex_exit(ret, pid_tgid, p) {
@@ -158,6 +164,7 @@ fn futex_enter(tid: u32, uaddr: u64, op: u32) {
     };
     // In the thread's entry (made here if the thread has not switched
     // out yet), rewritten in place.
+    hint_exit_work(tid);
     match OFFCPU_START.get_ptr_mut(&tid) {
         Some(p) => unsafe { (*p).futex = start },
         None => {

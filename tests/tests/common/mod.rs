@@ -164,6 +164,28 @@ pub fn loaded_slotprof_programs() -> Vec<String> {
         .collect()
 }
 
+/// slotprof's programs still loaded once the kernel has had time to free
+/// them: a program on a system call tracepoint (faultable since 6.13) is
+/// freed after an RCU Tasks Trace grace period, a few hundred ms after the
+/// process that held it exited. Waits up to 5 s for none to be left, and
+/// says how long they took; a program still there after that is a leak.
+pub fn slotprof_programs_left() -> Vec<String> {
+    let t = std::time::Instant::now();
+    loop {
+        let left = loaded_slotprof_programs();
+        if left.is_empty() {
+            if t.elapsed() > std::time::Duration::from_millis(50) {
+                eprintln!("slotprof's programs were freed {:?} after its exit", t.elapsed());
+            }
+            return left;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(5) {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Headless Chromium, if installed (`cargo xtask test` installs it).
 pub fn chromium() -> Option<PathBuf> {
     [
