@@ -173,8 +173,12 @@ fn copy_and_send<const N: usize>(
     while piece < N / 4096 && len < want {
         let off = piece * 4096;
         let src = sp + off as u64;
-        if unsafe { bpf_probe_read_user(base.add(off).cast(), 4096, src as *const _) } == 0 {
-            len = off + 4096;
+        // No more than `want`: a stack bounded by its outermost frame is
+        // read to there and no further (on average half a piece less).
+        let left = want - len;
+        let size = if left < 4096 { left as u32 } else { 4096 };
+        if unsafe { bpf_probe_read_user(base.add(off).cast(), size, src as *const _) } == 0 {
+            len = off + size as usize;
         } else {
             // The end of the mapping is in this piece: up to its page end.
             let rest = 4096 - (src & 4095) as u32;
