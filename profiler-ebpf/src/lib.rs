@@ -193,6 +193,11 @@ pub const USER_STACK_AT_SWITCH_OUT: i32 = -10_002;
 /// record's `waker_woken_ns`.
 pub const USER_STACK_WAKER_COPY: i32 = -10_003;
 
+/// Waker user stack id of a futex wait whose waker (a thread of the
+/// target) was not copied: it had been copied less than
+/// [`WAKER_COPY_EVERY_NS`] before.
+pub const USER_STACK_WAKER_SAMPLED_OUT: i32 = -10_004;
+
 /// Words of a tracepoint record a [`HostEvent`] carries (after the 8-byte
 /// common header): enough for every field `slotprof host` reads.
 pub const HOST_RAW_WORDS: usize = 8;
@@ -509,7 +514,18 @@ pub struct OffCpuStart {
     /// at its exit and by the wakeup probe): one entry per thread holds
     /// everything the hot probes need, so each looks it up once.
     pub futex: FutexStart,
+    /// When this thread's stack was last copied as a futex waker (see
+    /// [`WAKER_COPY_EVERY_NS`]).
+    pub waker_copy_ns: u64,
 }
+
+/// A thread of the target has its stack copied as a futex waker at most
+/// once in this long. LockContention names the holder from its wakers'
+/// stacks; a thread that wakes others hundreds of times a second (a
+/// validator's scheduler or fetch stage waking idle workers) is described
+/// as well by a sample of them, and each copy costs ~2 us in the waker's
+/// wakeup path. The waker's thread is recorded at every wakeup.
+pub const WAKER_COPY_EVERY_NS: u64 = 10_000_000;
 
 impl OffCpuStart {
     /// A thread's entry before anything is recorded in it: on a CPU, no
@@ -544,6 +560,7 @@ impl OffCpuStart {
             op: 0,
             _pad: 0,
         },
+        waker_copy_ns: 0,
     };
 
     /// Every stack id this entry refers to (its own and its waker's).

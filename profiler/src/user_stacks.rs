@@ -21,7 +21,7 @@ use std::{
 use profiler_ebpf::{
     stack_for, EventKind, KernelStackHeader, OffCpuStart, UserStackHeader, KERNEL_STACK_AT_SWITCH_IN,
     KERNEL_STACK_INLINE, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
-    USER_STACK_WAKER_COPY,
+    USER_STACK_WAKER_COPY, USER_STACK_WAKER_SAMPLED_OUT,
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
@@ -65,6 +65,9 @@ pub struct StackSources {
     /// copied at the wakeup, and those whose copy did not come.
     pub waker_copies_used: u64,
     pub waker_copies_missing: u64,
+    /// Futex waits whose waker was not copied: that thread had been copied
+    /// as a waker less than `WAKER_COPY_EVERY_NS` before (a sample).
+    pub waker_copies_sampled_out: u64,
     /// Malformed stack records (never trusted).
     pub malformed: u64,
 }
@@ -194,6 +197,9 @@ impl UserStacks {
                         self.not_taken()
                     }
                 };
+            } else if f.waker_user_stack_id == USER_STACK_WAKER_SAMPLED_OUT {
+                self.sources.waker_copies_sampled_out += 1;
+                f.waker_user_stack_id = self.not_taken();
             }
         }
         if let Event::OffCpu(o) = &mut event {

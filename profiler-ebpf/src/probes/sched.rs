@@ -19,6 +19,7 @@ use profiler_ebpf::{
     KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
     KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
     TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
+    USER_STACK_WAKER_SAMPLED_OUT, WAKER_COPY_EVERY_NS,
 };
 
 use super::{
@@ -334,9 +335,13 @@ pub fn slotprof_waking(ctx: BtfTracePointContext) -> u32 {
         // gets the kernel's frame-pointer walk.
         let user = if in_futex && waker::is_task(context) {
             if is_target((pid_tgid >> 32) as u32) {
-                match user_regs_now() {
-                    Some(regs) if send_user_stack(&regs, stack_for::WAKER, now) => USER_STACK_WAKER_COPY,
-                    _ => -1,
+                if waker_copy_due(pid_tgid as u32, now) {
+                    match user_regs_now() {
+                        Some(regs) if send_user_stack(&regs, stack_for::WAKER, now) => USER_STACK_WAKER_COPY,
+                        _ => -1,
+                    }
+                } else {
+                    USER_STACK_WAKER_SAMPLED_OUT
                 }
             } else {
                 stack_id(&ctx, BPF_F_USER_STACK)
@@ -357,6 +362,23 @@ pub fn slotprof_waking(ctx: BtfTracePointContext) -> u32 {
         (*start).waker_comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
     }
     0
+}
+
+/// Whether the waking thread `tid` (the current one) is due a copy of its
+/// stack as a waker (at most one per [`WAKER_COPY_EVERY_NS`]); marks it
+/// taken. A thread without an entry (it never slept) is always due.
+#[inline(always)]
+fn waker_copy_due(tid: u32, now: u64) -> bool {
+    let Some(me) = OFFCPU_START.get_ptr_mut(&tid) else {
+        return true;
+    };
+    unsafe {
+        if (*me).waker_copy_ns != 0 && now.saturating_sub((*me).waker_copy_ns) < WAKER_COPY_EVERY_NS {
+            return false;
+        }
+        (*me).waker_copy_ns = now;
+    }
+    true
 }
 
 /// Interrupt nesting of each CPU: the wakeup probe reads it to tell a

@@ -125,9 +125,28 @@ pub fn detect(
             .map(|(k, v)| (*k, *v))
             .unwrap_or(((0, -1), 0));
         let stack = names(inputs.pid, top_stack, false);
-        let waker = a.wakers.iter().max_by_key(|(k, n)| (**n, **k)).map(|(k, _)| *k);
-        let waker_stack = waker
-            .map(|(_, s)| names(inputs.pid, s, false))
+        // The thread that woke the waiters most, and its most frequent
+        // known stack: a busy waker's stack is copied only once in
+        // WAKER_COPY_EVERY_NS, so most of its wakeups carry none.
+        let mut by_tid: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&(t, _), &n) in &a.wakers {
+            *by_tid.entry(t).or_default() += n;
+        }
+        let top_waker = by_tid.iter().max_by_key(|(t, n)| (**n, **t)).map(|(t, _)| *t);
+        let waker_stack = top_waker
+            .map(|t| {
+                let stacks: Vec<((i32, u64), Vec<String>)> = a
+                    .wakers
+                    .iter()
+                    .filter(|((w, _), _)| *w == t)
+                    .map(|(&(_, s), &n)| ((s, n), names(inputs.pid, s, false)))
+                    .collect();
+                stacks
+                    .into_iter()
+                    .max_by_key(|((s, n), frames)| (!frames.iter().all(|f| f.starts_with('[')), *n, *s))
+                    .map(|(_, frames)| frames)
+                    .unwrap_or_default()
+            })
             .unwrap_or_default();
         let wakers: Vec<String> = a.waker_names.iter().map(|(t, n)| format!("{n}/{t}")).collect();
         let (short_waits, short_ns) = short.get(&uaddr).copied().unwrap_or((0, 0));
@@ -272,5 +291,41 @@ mod tests {
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
         let addrs: Vec<f64> = f.iter().map(|f| f.magnitudes["address"]).collect();
         assert_eq!(addrs, [0xc00 as f64, 0xd00 as f64], "{f:?}");
+    }
+
+    #[test]
+    fn a_busy_waker_is_named_with_its_known_stack_when_most_of_its_wakeups_carry_none() {
+        let names = HashMap::from([
+            (1, "a".to_string()),
+            (2, "b".to_string()),
+            (3, "holder".to_string()),
+        ]);
+        // The holder (3) woke the waiters four times; only one wakeup has
+        // its stack (90), the others were sampled out (91: not taken). A
+        // second waker (4) woke once, with a stack.
+        let sampled_out = |f: FutexWait| FutexWait {
+            waker_user_stack_id: 91,
+            ..f
+        };
+        let waits = [
+            futex(1, 0, 10 * MS, 0xaa0, 8, 3),
+            sampled_out(futex(2, MS, 10 * MS, 0xaa0, 8, 3)),
+            sampled_out(futex(1, 20 * MS, 10 * MS, 0xaa0, 8, 3)),
+            sampled_out(futex(2, 21 * MS, 10 * MS, 0xaa0, 8, 3)),
+            FutexWait {
+                waker_user_stack_id: 92,
+                ..futex(1, 40 * MS, 10 * MS, 0xaa0, 8, 4)
+            },
+        ];
+        let inp = futex_inputs(&waits, &[], &names);
+        let mut n = namer(HashMap::from([
+            (8, vec!["wait_for_bank_lock"]),
+            (90, vec!["holder", "hold_bank_lock", "unlock"]),
+            (91, vec!["[user stack not taken]"]),
+            (92, vec!["other", "notify"]),
+        ]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].waker_stack, ["holder", "hold_bank_lock", "unlock"]);
     }
 }
