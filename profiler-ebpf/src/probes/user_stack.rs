@@ -19,14 +19,18 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::map,
-    maps::LruHashMap,
+    maps::{LruHashMap, PerCpuArray},
 };
 use profiler_ebpf::{
-    counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, OFFCPU_MAP_ENTRIES, PT_REGS_WORDS,
-    RING_BYTES, USER_STACK_BYTES,
+    counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES,
+    PT_REGS_WORDS, RING_BYTES, USER_STACK_BYTES,
 };
 
 use super::{count, submit_flags, EVENTS};
+
+/// Where a record is built (16 KiB: too big for the BPF stack).
+#[map]
+static USER_STACK_SCRATCH: PerCpuArray<UserStackRecord> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where each thread's outermost frame ends (userspace writes it after a
 /// complete unwind): copies stop there.
@@ -77,21 +81,15 @@ pub fn user_regs_of(task: *mut task_struct) -> Option<UserRegsNow> {
     })
 }
 
-/// A user stack record of `N` stack bytes, reserved in the ring itself: the
-/// stack is read from user memory straight into it (one copy; building it
-/// in per-CPU scratch first and copying that into the ring doubled the
-/// kernel's memory traffic for every stack).
-#[repr(C)]
-struct StackRecord<const N: usize> {
-    header: UserStackHeader,
-    stack: [u8; N],
-}
-
 /// Copies the current thread's user stack into a record and sends it.
 /// Returns whether anything was copied.
 #[inline(always)]
 pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
+    let Some(rec) = USER_STACK_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
     let pid_tgid = bpf_get_current_pid_tgid();
+    let rec = unsafe { &mut *rec };
     // Read through a volatile load: with constant registers (the empty
     // record of `send_no_stack`) LLVM would zero the header's fields with
     // a call to memset on the map value, which 6.1's verifier rejects
@@ -112,6 +110,14 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
             bounded = stack_for::BOUNDED;
         }
     }
+    // The first piece ends at the page boundary above sp, then whole pages
+    // until one cannot be read (the end of the stack mapping) or `want`
+    // is reached; what was read past `want` is not sent. Whole pages at
+    // masked offsets: the shape 6.1's verifier can follow (a variable last
+    // chunk made it lose the offset's bounds).
+    let first = (4096 - (sp & 4095)) as u32;
+    let mut len: usize = 0;
+    let base = rec.stack.as_mut_ptr();
     // A ring over half full (a reader that cannot keep up: a slow
     // machine, a burst) gets no more big copies: the small records that
     // come with and after them keep the room.
@@ -120,80 +126,49 @@ pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     if busy && sp != 0 {
         count(counter::USER_STACK_RING_BUSY);
     }
-    let header = UserStackHeader {
+    if sp != 0 && !busy && unsafe { bpf_probe_read_user(base.cast(), first, sp as *const _) } == 0 {
+        len = first as usize;
+        let mut page = 0;
+        while page < USER_STACK_BYTES / 4096 - 1 && len < want {
+            // Masked so the verifier sees the bound (the record has a
+            // page of slack past USER_STACK_BYTES for exactly this).
+            let off = len & (USER_STACK_BYTES - 1);
+            if unsafe { bpf_probe_read_user(base.add(off).cast(), 4096, (sp + off as u64) as *const _) } != 0
+            {
+                break;
+            }
+            len = off + 4096;
+            page += 1;
+        }
+    }
+    let len = if len > want { want } else { len };
+    let len = len.min(USER_STACK_BYTES) as u32;
+    if len == 0 && sp != 0 && !busy {
+        count(counter::USER_STACK_COPY_FAILED);
+    }
+    rec.header = UserStackHeader {
         kind: EventKind::UserStack as u32,
         cpu: unsafe { bpf_get_smp_processor_id() },
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid: (pid_tgid >> 32) as u32,
-        tid,
+        tid: pid_tgid as u32,
         ip: regs.ip,
         sp,
         bp: regs.bp,
-        len: 0,
+        len,
         why: why | bounded,
         start_ns,
     };
-    // The copy is `want` bytes rounded up to whole 4 KiB pieces, each at a
-    // fixed offset of a record reserved for that many; a piece that runs
-    // past the end of the stack mapping is read up to the end instead.
-    let pages = if sp == 0 || busy { 0 } else { want.div_ceil(4096) };
-    let flags = submit_flags();
-    let len = match pages {
-        0 => copy_and_send::<0>(sp, want, header, flags),
-        1 => copy_and_send::<4096>(sp, want, header, flags),
-        2 => copy_and_send::<8192>(sp, want, header, flags),
-        3 => copy_and_send::<12288>(sp, want, header, flags),
-        _ => copy_and_send::<USER_STACK_BYTES>(sp, want, header, flags),
-    };
-    if len == Some(0) && sp != 0 && !busy {
-        count(counter::USER_STACK_COPY_FAILED);
+    let total = core::mem::size_of::<UserStackHeader>() + (len as usize & (USER_STACK_BYTES * 2 - 1));
+    if total > core::mem::size_of::<UserStackRecord>() {
+        return false;
     }
-    len.is_some_and(|l| l > 0)
-}
-
-/// Reserves a record of `N` stack bytes, reads the stack at `sp` into it
-/// (at most `want` bytes are kept) and submits it. Returns the bytes kept,
-/// or None when the ring had no room.
-#[inline(always)]
-fn copy_and_send<const N: usize>(
-    sp: u64,
-    want: usize,
-    mut header: UserStackHeader,
-    flags: u64,
-) -> Option<u32> {
-    let Some(mut entry) = EVENTS.reserve::<StackRecord<N>>(0) else {
+    let bytes = unsafe { core::slice::from_raw_parts((rec as *const UserStackRecord).cast::<u8>(), total) };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
         count(counter::RING_FULL);
-        return None;
-    };
-    let rec = entry.as_mut_ptr();
-    let mut len: usize = 0;
-    let base = unsafe { core::ptr::addr_of_mut!((*rec).stack) }.cast::<u8>();
-    // Pieces at constant offsets (the verifier follows each one).
-    let mut piece = 0;
-    while piece < N / 4096 && len < want {
-        let off = piece * 4096;
-        let src = sp + off as u64;
-        // No more than `want`: a stack bounded by its outermost frame is
-        // read to there and no further (on average half a piece less).
-        let left = want - len;
-        let size = if left < 4096 { left as u32 } else { 4096 };
-        if unsafe { bpf_probe_read_user(base.add(off).cast(), size, src as *const _) } == 0 {
-            len = off + size as usize;
-        } else {
-            // The end of the mapping is in this piece: up to its page end.
-            let rest = 4096 - (src & 4095) as u32;
-            if unsafe { bpf_probe_read_user(base.add(off).cast(), rest, src as *const _) } == 0 {
-                len = off + rest as usize;
-            }
-            break;
-        }
-        piece += 1;
+        return false;
     }
-    let len = if len > want { want } else { len };
-    header.len = len.min(USER_STACK_BYTES) as u32;
-    unsafe { core::ptr::addr_of_mut!((*rec).header).write(header) };
-    entry.submit(flags);
-    Some(header.len)
+    len > 0
 }
 
 /// Sends an empty stack record (the copy could not be made): userspace
