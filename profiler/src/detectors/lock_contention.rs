@@ -135,16 +135,12 @@ pub fn detect(
         let top_waker = by_tid.iter().max_by_key(|(t, n)| (**n, **t)).map(|(t, _)| *t);
         let waker_stack = top_waker
             .map(|t| {
-                let stacks: Vec<((i32, u64), Vec<String>)> = a
-                    .wakers
+                a.wakers
                     .iter()
                     .filter(|((w, _), _)| *w == t)
-                    .map(|(&(_, s), &n)| ((s, n), names(inputs.pid, s, false)))
-                    .collect();
-                stacks
-                    .into_iter()
-                    .max_by_key(|((s, n), frames)| (!frames.iter().all(|f| f.starts_with('[')), *n, *s))
-                    .map(|(_, frames)| frames)
+                    .map(|(&(_, s), &n)| (names(inputs.pid, s, false), n, s))
+                    .max_by_key(|(frames, n, s)| (!frames.iter().all(|f| f.starts_with('[')), *n, *s))
+                    .map(|(frames, ..)| frames)
                     .unwrap_or_default()
             })
             .unwrap_or_default();
@@ -199,6 +195,10 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn thread_names(pairs: &[(u32, &str)]) -> HashMap<u32, String> {
+        pairs.iter().map(|&(t, n)| (t, n.to_string())).collect()
+    }
+
     /// Inputs of process 1 holding only futex waits.
     fn futex_inputs<'a>(
         waits: &'a [FutexWait],
@@ -219,11 +219,7 @@ mod tests {
 
     #[test]
     fn the_most_waited_lock_comes_first_with_both_stacks() {
-        let names = HashMap::from([
-            (1, "main".to_string()),
-            (2, "worker".to_string()),
-            (3, "holder".to_string()),
-        ]);
+        let names = thread_names(&[(1, "main"), (2, "worker"), (3, "holder")]);
         let waits = [
             // A worker idle on a channel for long: not contention.
             futex(4, 0, 300 * MS, 0xdd0, 11, 0),
@@ -266,11 +262,7 @@ mod tests {
 
     #[test]
     fn an_unknown_stack_on_a_futex_only_its_thread_waits_on_is_a_wait_for_work() {
-        let names = HashMap::from([
-            (1, "a".to_string()),
-            (2, "b".to_string()),
-            (3, "sched".to_string()),
-        ]);
+        let names = thread_names(&[(1, "a"), (2, "b"), (3, "sched")]);
         let waits = [
             // Two workers, each parked on its own address, stacks not
             // taken, woken by the scheduler: waits for work.
@@ -295,11 +287,7 @@ mod tests {
 
     #[test]
     fn a_busy_waker_is_named_with_its_known_stack_when_most_of_its_wakeups_carry_none() {
-        let names = HashMap::from([
-            (1, "a".to_string()),
-            (2, "b".to_string()),
-            (3, "holder".to_string()),
-        ]);
+        let names = thread_names(&[(1, "a"), (2, "b"), (3, "holder")]);
         // The holder (3) woke the waiters four times; only one wakeup has
         // its stack (90), the others were sampled out (91: not taken). A
         // second waker (4) woke once, with a stack.
