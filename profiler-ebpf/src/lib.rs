@@ -142,6 +142,11 @@ pub mod stack_for {
     /// Or'd in: the copy stopped where userspace said the thread's
     /// outermost frame ends (`USER_STACK_TOP`), not at the most we copy.
     pub const BOUNDED: u32 = 1 << 8;
+    /// Or'd in, with no stack bytes: the thread is back at the system
+    /// call exit it was at in its last copy of this kind, with the same
+    /// `ip`, `sp` and `bp`, less than `USER_STACK_REPEAT_NS` after that
+    /// copy: its stack is that copy's (see [`super::OffCpuStart::copy_ip`]).
+    pub const REPEAT: u32 = 1 << 9;
     /// The reason without the flags.
     pub const MASK: u32 = 0xff;
 }
@@ -517,6 +522,16 @@ pub struct OffCpuStart {
     /// When this thread's stack was last copied as a futex waker (see
     /// [`WAKER_COPY_EVERY_NS`]).
     pub waker_copy_ns: u64,
+    /// The registers of this thread's last stack copy sent at a system
+    /// call exit, and when it was made (0: none). An idle worker goes back
+    /// to the same wait, from the same frames, hundreds of times a second:
+    /// an exit with the same `ip`, `sp` and `bp` within
+    /// `USER_STACK_REPEAT_NS` sends [`stack_for::REPEAT`] instead of a
+    /// copy, and userspace gives it that copy's stack.
+    pub copy_ip: u64,
+    pub copy_sp: u64,
+    pub copy_bp: u64,
+    pub copy_ns: u64,
 }
 
 /// A thread of the target has its stack copied as a futex waker at most
@@ -561,6 +576,10 @@ impl OffCpuStart {
             _pad: 0,
         },
         waker_copy_ns: 0,
+        copy_ip: 0,
+        copy_sp: 0,
+        copy_bp: 0,
+        copy_ns: 0,
     };
 
     /// Every stack id this entry refers to (its own and its waker's).
@@ -668,8 +687,11 @@ pub mod counter {
     /// full: the small records (samples, intervals, registers) keep the
     /// room, the copy is replaced by an empty one.
     pub const USER_STACK_RING_BUSY: u32 = 14;
+    /// System call exits whose stack repeated the thread's last copy
+    /// (same registers, recent): sent as [`super::stack_for::REPEAT`].
+    pub const USER_STACK_REPEATS: u32 = 15;
     /// Number of counters.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 16;
 }
 
 /// Kernel stack id of an interval that began in an interruptible sleep

@@ -35,6 +35,7 @@ struct TargetSection {
 struct SamplingSection {
     frequency_hz: u64,
     min_offcpu: String,
+    stack_repeat: String,
 }
 
 impl Default for SamplingSection {
@@ -42,6 +43,7 @@ impl Default for SamplingSection {
         Self {
             frequency_hz: 49,
             min_offcpu: "1ms".into(),
+            stack_repeat: crate::cli::DEFAULT_STACK_REPEAT.into(),
         }
     }
 }
@@ -166,6 +168,8 @@ pub struct Config {
     pub target: TargetSpec,
     pub frequency_hz: u64,
     pub min_offcpu: Duration,
+    /// See [`crate::probes::ProbeConfig::stack_repeat`].
+    pub stack_repeat: Duration,
     pub slot_source: Option<crate::slots::SlotSourceSpec>,
     pub export_dir: PathBuf,
     pub full_export: FullExport,
@@ -276,6 +280,7 @@ impl Config {
             target,
             frequency_hz: f.sampling.frequency_hz,
             min_offcpu: dur("sampling.min_offcpu", &f.sampling.min_offcpu)?,
+            stack_repeat: dur("sampling.stack_repeat", &f.sampling.stack_repeat)?,
             slot_source,
             export_dir: f.export.dir,
             full_export,

@@ -37,6 +37,10 @@ pub struct ProbeConfig {
     pub tgid: u32,
     /// Off-CPU intervals shorter than this are not reported.
     pub min_offcpu: Duration,
+    /// A thread back at the same system call exit (same registers) within
+    /// this long of its last stack copy there reuses that copy's stack
+    /// (`stack_for::REPEAT`); zero copies every time.
+    pub stack_repeat: Duration,
     /// cpu-clock sampling frequency per CPU.
     pub freq_hz: u64,
     /// Have the kernel time every program run (BPF_ENABLE_STATS, for as
@@ -96,6 +100,8 @@ pub struct Counters {
     pub user_stack_copy_failed: u64,
     pub user_stack_context_changed: u64,
     pub user_stack_ring_busy: u64,
+    /// System call exits sent as a repeat of the thread's last copy.
+    pub user_stack_repeats: u64,
 }
 
 impl Counters {
@@ -148,7 +154,7 @@ impl Probes {
     /// probe that fails to attach is recorded in `status`; failing to attach
     /// any probe at all is an error.
     pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
-        let mut ebpf = open(config.tgid, config.min_offcpu, true)?;
+        let mut ebpf = open(config.tgid, config.min_offcpu, config.stack_repeat, true)?;
 
         let btf = kernel_btf();
         let mut status = vec![
@@ -227,7 +233,7 @@ impl Probes {
     /// (`slotprof host`, system-wide): KVM invalidations, compaction and
     /// page migration.
     pub fn load_host(probe_stats: bool) -> anyhow::Result<Self> {
-        let mut ebpf = open(0, Duration::ZERO, false)?;
+        let mut ebpf = open(0, Duration::ZERO, Duration::ZERO, false)?;
         let status = HOST_PROBES
             .iter()
             .map(|(program, category, name)| attach_tracepoint(&mut ebpf, program, &[(category, name)]))
@@ -308,6 +314,7 @@ impl Probes {
             user_stack_copy_failed: read(counter::USER_STACK_COPY_FAILED)?,
             user_stack_context_changed: read(counter::USER_STACK_CONTEXT_CHANGED)?,
             user_stack_ring_busy: read(counter::USER_STACK_RING_BUSY)?,
+            user_stack_repeats: read(counter::USER_STACK_REPEATS)?,
         })
     }
 
@@ -435,10 +442,16 @@ fn stack_map_name(epoch: u32) -> &'static str {
 }
 
 /// Mounts tracefs if needed and loads the object with its settings.
-fn open(tgid: u32, min_offcpu: Duration, rotating_stacks: bool) -> anyhow::Result<Ebpf> {
+fn open(
+    tgid: u32,
+    min_offcpu: Duration,
+    stack_repeat: Duration,
+    rotating_stacks: bool,
+) -> anyhow::Result<Ebpf> {
     let tracefs = tracefs::ensure_mounted()?;
     let offsets = Offsets(tracepoint_offsets(&tracefs)?);
     let min_ns = min_offcpu.as_nanos() as u64;
+    let repeat_ns = stack_repeat.as_nanos() as u64;
     // Each stack map entry holds up to 127 frames (~1 KiB of kernel memory).
     let odd_entries = if rotating_stacks { STACK_MAP_ENTRIES } else { 1 };
     EbpfLoader::new()
@@ -446,6 +459,7 @@ fn open(tgid: u32, min_offcpu: Duration, rotating_stacks: bool) -> anyhow::Resul
         .override_global("TARGET_TGID", &tgid, true)
         .override_global("MIN_OFFCPU_NS", &min_ns, true)
         .override_global("MIN_FUTEX_NS", &min_ns, true)
+        .override_global("USER_STACK_REPEAT_NS", &repeat_ns, true)
         .override_global("TP_OFFSETS", &offsets, true)
         .load(OBJECT)
         .context(

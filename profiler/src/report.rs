@@ -255,6 +255,9 @@ pub struct Unwinding {
     /// Copies not made: the ring buffer was over half full (a reader
     /// that could not keep up); those stacks say `[user stack not taken]`.
     pub kernel_copies_skipped_ring_busy: u64,
+    /// System call exits not copied: the thread was back at its last exit
+    /// copy's registers within `--stack-repeat` (the copy's stack is used).
+    pub kernel_exit_repeats: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -303,6 +306,7 @@ impl Unwinding {
             kernel_copies_failed: c.user_stack_copy_failed,
             kernel_context_changed: c.user_stack_context_changed,
             kernel_copies_skipped_ring_busy: c.user_stack_ring_busy,
+            kernel_exit_repeats: c.user_stack_repeats,
         }
     }
 

@@ -31,6 +31,8 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     pub freq_hz: u64,
     pub min_offcpu: Duration,
+    /// See [`ProbeConfig::stack_repeat`].
+    pub stack_repeat: Duration,
     pub out: PathBuf,
     /// "attach" or "record", for the summary.
     pub command: &'static str,
@@ -109,6 +111,7 @@ pub async fn run(
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         min_offcpu: opts.min_offcpu,
+        stack_repeat: opts.stack_repeat,
         freq_hz: opts.freq_hz,
         probe_stats: opts.probe_stats,
         slot_uprobe,

@@ -11,6 +11,10 @@
 //!   blocked). Such records wait here for it.
 //! - `USER_STACK_AT_SWITCH_OUT`: the copy taken when the interval began
 //!   (outside a system call), matched by the interval's start.
+//!
+//! A system call exit's record may carry no stack but the `REPEAT` flag:
+//! the thread is back where its last exit copy was taken (same `ip`, `sp`
+//! and `bp`, within `--stack-repeat`), and gets that copy's stack.
 
 use std::{
     collections::HashMap,
@@ -68,8 +72,23 @@ pub struct StackSources {
     /// Futex waits whose waker was not copied: that thread had been copied
     /// as a waker less than `WAKER_COPY_EVERY_NS` before (a sample).
     pub waker_copies_sampled_out: u64,
+    /// System call exit records that repeated the thread's last exit copy
+    /// (no copy made), and those whose earlier copy was not here (its
+    /// record lost, or the stack forgotten): not taken.
+    pub exit_repeats: u64,
+    pub exit_repeats_missing: u64,
     /// Malformed stack records (never trusted).
     pub malformed: u64,
+}
+
+/// A thread's last stack copy at a system call exit: what a
+/// `stack_for::REPEAT` of the same registers stands for.
+#[derive(Clone, Copy)]
+struct ExitCopy {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    id: i32,
 }
 
 /// A ring-buffer record that is not one.
@@ -108,6 +127,8 @@ pub struct UserStacks {
     /// tid -> where its outermost frame ends (see `unwind_copy`).
     tops: HashMap<u32, u64>,
     new_tops: Vec<(u32, Option<u64>)>,
+    /// tid -> its last copy at a system call exit.
+    last_exit: HashMap<u32, ExitCopy>,
     pub sources: StackSources,
     last_sweep: Instant,
 }
@@ -128,6 +149,7 @@ impl Default for UserStacks {
             kallsyms: SleeperKernelStacks::default(),
             tops: HashMap::new(),
             new_tops: Vec::new(),
+            last_exit: HashMap::new(),
             sources: StackSources::default(),
             last_sweep: Instant::now(),
         }
@@ -295,8 +317,10 @@ impl UserStacks {
             self.sources.malformed += 1;
             return Err(Malformed);
         };
-        self.sources.copies += 1;
-        self.sources.copy_bytes += stack.len() as u64;
+        if header.why & stack_for::REPEAT == 0 {
+            self.sources.copies += 1;
+            self.sources.copy_bytes += stack.len() as u64;
+        }
         if header.why & stack_for::MASK == stack_for::WAKER {
             // Before the record of the thread it woke (that thread had to
             // run first): kept for it.
@@ -326,12 +350,28 @@ impl UserStacks {
             return Ok(()); // nobody waits for it (a second copy of one exit)
         };
         self.held_count -= waiting.len();
-        let id = if stack.is_empty() {
-            self.not_taken()
+        let (id, taken) = if header.why & stack_for::REPEAT != 0 {
+            self.repeat(&header)
+        } else if stack.is_empty() {
+            (self.not_taken(), false)
         } else {
-            self.unwind_copy(&header, stack)
+            let id = self.unwind_copy(&header, stack);
+            // What the kernel compares a later exit with: its exit copies
+            // only (a sample's copy is not one).
+            if header.why & stack_for::MASK == stack_for::SYSCALL_EXIT {
+                if self.last_exit.len() >= 65_536 {
+                    self.last_exit.clear();
+                }
+                let copy = ExitCopy {
+                    ip: header.ip,
+                    sp: header.sp,
+                    bp: header.bp,
+                    id,
+                };
+                self.last_exit.insert(header.tid, copy);
+            }
+            (id, true)
         };
-        let taken = !stack.is_empty();
         for mut h in waiting {
             match &h.event {
                 Event::OffCpu(_) if taken => self.sources.offcpu_at_syscall_exit += 1,
@@ -347,6 +387,27 @@ impl UserStacks {
             out(h.event);
         }
         Ok(())
+    }
+
+    /// The stack a [`stack_for::REPEAT`] stands for: the thread's last exit
+    /// copy, if it was taken at the same registers and is still known.
+    fn repeat(&mut self, h: &UserStackHeader) -> (i32, bool) {
+        let known = self
+            .last_exit
+            .get(&h.tid)
+            .filter(|c| (c.ip, c.sp, c.bp) == (h.ip, h.sp, h.bp))
+            .map(|c| c.id);
+        match known.and_then(|id| self.ids.get_mut(&id).map(|e| (id, e))) {
+            Some((id, entry)) => {
+                entry.1 = Instant::now();
+                self.sources.exit_repeats += 1;
+                (id, true)
+            }
+            None => {
+                self.sources.exit_repeats_missing += 1;
+                (self.not_taken(), false)
+            }
+        }
     }
 
     fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (i32, End, u64) {
@@ -796,6 +857,63 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert!(is_unwound(user_id(&out[0])));
         assert_eq!(u.sources.offcpu_at_syscall_exit, 1);
+    }
+
+    #[test]
+    fn a_repeat_gets_the_threads_last_exit_copy_only_at_the_same_registers() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        let mut push = |u: &mut UserStacks, rec: Vec<u8>, out: &mut Vec<Event>| {
+            u.feed(&rec, &mut |e| out.push(e)).unwrap()
+        };
+        // A copy, then a repeat of it: the same stack id.
+        push(&mut u, offcpu(7, 100, USER_STACK_NEXT), &mut out);
+        push(
+            &mut u,
+            stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
+            &mut out,
+        );
+        push(&mut u, offcpu(7, 200, USER_STACK_NEXT), &mut out);
+        push(
+            &mut u,
+            stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
+            &mut out,
+        );
+        assert_eq!(out.len(), 2);
+        assert!(is_unwound(user_id(&out[0])));
+        assert_eq!(user_id(&out[0]), user_id(&out[1]));
+        assert_eq!((u.sources.exit_repeats, u.sources.offcpu_at_syscall_exit), (1, 2));
+        assert_eq!(u.sources.copies, 1, "a repeat is not a copy");
+        // A sample's copy in between is not what the kernel compares with.
+        let mut sample = stack_rec(7, stack_for::SAMPLE, 0, &[1; 64]);
+        sample[32..40].copy_from_slice(&0x7000_2000u64.to_ne_bytes());
+        push(&mut u, offcpu(7, 250, USER_STACK_NEXT), &mut out);
+        push(&mut u, sample, &mut out);
+        push(&mut u, offcpu(7, 260, USER_STACK_NEXT), &mut out);
+        push(
+            &mut u,
+            stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
+            &mut out,
+        );
+        assert_eq!(user_id(&out[3]), user_id(&out[0]));
+        out.truncate(2);
+        // A repeat at other registers, or of another thread with no copy
+        // yet, is not given a stack it was not taken at.
+        let mut other = stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]);
+        other[32..40].copy_from_slice(&0x7000_1000u64.to_ne_bytes()); // sp
+        push(&mut u, offcpu(7, 300, USER_STACK_NEXT), &mut out);
+        push(&mut u, other, &mut out);
+        push(&mut u, offcpu(8, 300, USER_STACK_NEXT), &mut out);
+        push(
+            &mut u,
+            stack_rec(8, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
+            &mut out,
+        );
+        assert_eq!(out.len(), 4);
+        let not_taken = u.not_taken();
+        assert_eq!((user_id(&out[2]), user_id(&out[3])), (not_taken, not_taken));
+        assert_eq!(u.sources.exit_repeats_missing, 2);
+        assert_eq!(u.sources.offcpu_not_taken, 2);
     }
 
     #[test]

@@ -244,6 +244,23 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
         let s = read_json(&out.join("summary.json"));
         let exe = unwinding_of(&s, "stall-deep");
         assert_eq!(exe["unwinding"], "cfi", "{build}: {}", s["unwinding"]);
+        // The waiter goes back to the same wait every 20 ms: most of its
+        // stacks are repeats of a copy (--stack-repeat, 250 ms by
+        // default), so the chain checks above are checks of the repeats.
+        let src = &s["unwinding"]["sources"];
+        let (repeats, missing) = (
+            src["exit_repeats"].as_u64().unwrap_or(0),
+            src["exit_repeats_missing"].as_u64().unwrap_or(0),
+        );
+        eprintln!("{build}: {repeats} system call exits repeated a copy, {missing} without it");
+        assert!(
+            repeats >= 100,
+            "{build}: {repeats} repeats in 5 s of 20 ms waits: {src}"
+        );
+        assert!(
+            missing * 100 <= repeats,
+            "{build}: {missing} repeats without their copy: {src}"
+        );
         assert!(
             s["frame_pointers"]["advice"].is_null(),
             "{build}: {}",

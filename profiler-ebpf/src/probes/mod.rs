@@ -37,6 +37,11 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
 /// Futex waits shorter than this are only counted per address.
 #[no_mangle]
 static MIN_FUTEX_NS: u64 = 1_000_000;
+/// A thread back at the same system call exit (same `ip`, `sp`, `bp`)
+/// less than this after its last copy there is sent as a repeat of that
+/// copy, not copied again; 0: every exit is copied.
+#[no_mangle]
+static USER_STACK_REPEAT_NS: u64 = 0;
 
 #[inline(always)]
 fn target_tgid() -> u32 {
@@ -46,6 +51,11 @@ fn target_tgid() -> u32 {
 #[inline(always)]
 fn min_offcpu_ns() -> u64 {
     unsafe { core::ptr::read_volatile(&MIN_OFFCPU_NS) }
+}
+
+#[inline(always)]
+fn user_stack_repeat_ns() -> u64 {
+    unsafe { core::ptr::read_volatile(&USER_STACK_REPEAT_NS) }
 }
 
 #[inline(always)]

@@ -11,6 +11,15 @@
 //! (`slotprof_sys_exit`), in its own context. A thread switched out
 //! outside a system call (preempted, or asleep in a page fault) has no
 //! such exit: its stack is copied at the switch-out.
+//!
+//! Most reported intervals on a validator are idle workers going back to
+//! the same wait (a channel receive, a condvar) from the same frames, many
+//! times a second. An exit whose `ip`, `sp` and `bp` equal the thread's
+//! last exit copy, less than `USER_STACK_REPEAT_NS` after it, sends a
+//! header marked `stack_for::REPEAT` instead of copying the stack again;
+//! userspace gives it that copy's stack. The period bounds how long a
+//! different call chain that reached the same instruction at the same
+//! stack depth (possible, not seen) could be given the earlier chain.
 
 use aya_ebpf::{
     bindings::task_struct,
@@ -26,7 +35,7 @@ use profiler_ebpf::{
     PT_REGS_WORDS, RING_BYTES, USER_STACK_BYTES,
 };
 
-use super::{count, submit_flags, EVENTS};
+use super::{count, submit_flags, user_stack_repeat_ns, EVENTS};
 
 /// Where a record is built (16 KiB: too big for the BPF stack).
 #[map]
@@ -196,11 +205,7 @@ pub fn take_pending_user_stack(p: *mut OffCpuStart) -> bool {
     }
     unsafe { (*p).pending_sp = 0 };
     match user_regs_now() {
-        Some(regs) if regs.sp == want_sp => {
-            if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
-                count(counter::USER_STACKS_AT_EXIT);
-            }
-        }
+        Some(regs) if regs.sp == want_sp => send_exit_stack(Some(p), &regs),
         _ => {
             count(counter::USER_STACK_CONTEXT_CHANGED);
             send_no_stack(stack_for::SYSCALL_EXIT);
@@ -218,11 +223,67 @@ pub fn send_stack_at_syscall_exit(entry: Option<*mut OffCpuStart>) {
         unsafe { (*p).pending_sp = 0 };
     }
     match user_regs_now() {
-        Some(regs) => {
-            if send_user_stack(&regs, stack_for::SYSCALL_EXIT, 0) {
-                count(counter::USER_STACKS_AT_EXIT);
-            }
-        }
+        Some(regs) => send_exit_stack(entry, &regs),
         None => send_no_stack(stack_for::SYSCALL_EXIT),
     }
+}
+
+/// The current thread's stack at a system call exit: a repeat of its last
+/// copy here if it is back at the same place soon after (the common case
+/// of an idle worker returning to its wait: no copy, a header only), else
+/// a copy, remembered in its entry.
+#[inline(always)]
+fn send_exit_stack(entry: Option<*mut OffCpuStart>, regs: &UserRegsNow) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let period = user_stack_repeat_ns();
+    if let Some(p) = entry {
+        let (ip, sp, bp, at) = unsafe { ((*p).copy_ip, (*p).copy_sp, (*p).copy_bp, (*p).copy_ns) };
+        if period != 0
+            && at != 0
+            && now.wrapping_sub(at) < period
+            && ip == regs.ip
+            && sp == regs.sp
+            && bp == regs.bp
+            && send_repeat(regs, now)
+        {
+            count(counter::USER_STACK_REPEATS);
+            return;
+        }
+    }
+    if send_user_stack(regs, stack_for::SYSCALL_EXIT, 0) {
+        count(counter::USER_STACKS_AT_EXIT);
+        if let Some(p) = entry {
+            unsafe {
+                (*p).copy_ip = regs.ip;
+                (*p).copy_sp = regs.sp;
+                (*p).copy_bp = regs.bp;
+                (*p).copy_ns = now;
+            }
+        }
+    }
+}
+
+/// Sends the header of a [`stack_for::REPEAT`] (no stack bytes).
+#[inline(always)]
+fn send_repeat(regs: &UserRegsNow, now: u64) -> bool {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mut entry) = EVENTS.reserve::<UserStackHeader>(0) else {
+        count(counter::RING_FULL);
+        return false;
+    };
+    entry.write(UserStackHeader {
+        kind: EventKind::UserStack as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: now,
+        tgid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        ip: regs.ip,
+        sp: regs.sp,
+        bp: regs.bp,
+        len: 0,
+        why: stack_for::SYSCALL_EXIT | stack_for::REPEAT,
+        start_ns: 0,
+    });
+    entry.submit(submit_flags());
+    true
 }

@@ -87,6 +87,7 @@ fn needs_reattach(old: &Config, new: &Config) -> bool {
     old.target != new.target
         || old.frequency_hz != new.frequency_hz
         || old.min_offcpu != new.min_offcpu
+        || old.stack_repeat != new.stack_repeat
         || old.slot_source != new.slot_source
         || old.loop_symbol != new.loop_symbol
         || old.phase_probe != new.phase_probe
@@ -533,6 +534,7 @@ async fn follow(
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         min_offcpu: config.min_offcpu,
+        stack_repeat: config.stack_repeat,
         freq_hz: config.frequency_hz,
         probe_stats: false,
         slot_uprobe,
