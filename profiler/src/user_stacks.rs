@@ -23,9 +23,10 @@ use std::{
 };
 
 use profiler_ebpf::{
-    stack_for, EventKind, KernelStackHeader, OffCpuStart, UserStackHeader, KERNEL_STACK_AT_SWITCH_IN,
-    KERNEL_STACK_INLINE, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
-    USER_STACK_WAKER_COPY, USER_STACK_WAKER_SAMPLED_OUT,
+    is_wait_syscall, sleeps_interruptible, stack_for, EventKind, KernelStackHeader, OffCpuStart,
+    UserStackHeader, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT,
+    USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
+    USER_STACK_WAKER_SAMPLED_OUT,
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
@@ -77,6 +78,9 @@ pub struct StackSources {
     /// record lost, or the stack forgotten): not taken.
     pub exit_repeats: u64,
     pub exit_repeats_missing: u64,
+    /// Threads still asleep at a slot's end (or the session's) given their
+    /// last exit copy's stack: asleep at its instruction and stack pointer.
+    pub sleepers_repeated: u64,
     /// Malformed stack records (never trusted).
     pub malformed: u64,
 }
@@ -585,6 +589,14 @@ impl UserStacks {
     /// `/proc/PID/task/TID/syscall`) and its memory, the kernel stack read
     /// from `/proc/PID/task/TID/stack`. A blocked thread's stacks do not
     /// change while it sleeps; both are read once per interval.
+    ///
+    /// What the probes would do at its switch-in is done here too, so an
+    /// open interval costs what a closed one does (in `slotprof run` every
+    /// slot's end finds dozens of threads asleep): an interruptible sleep
+    /// in a wait system call gets that call's one-frame kernel stack, not a
+    /// `/proc` walk, and a thread asleep at the instruction and stack
+    /// pointer of its last exit copy gets that copy's stack (as
+    /// `stack_for::REPEAT` would), not a read of its memory.
     pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart) -> (i32, i32) {
         if let Some(&(s, ids)) = self.sleepers.get(&tid) {
             if s == start.start_ns {
@@ -592,27 +604,49 @@ impl UserStacks {
             }
         }
         let mut user = start.user_stack_id;
+        let mut kernel = start.kernel_stack_id;
+        let syscall = if start.user_sp == 0 && (user < 0 || kernel == KERNEL_STACK_AT_SWITCH_IN) {
+            proc_syscall_regs(pid, tid)
+        } else {
+            None
+        };
         if user < 0 {
             let (mut ip, mut sp, bp) = (start.user_ip, start.user_sp, start.user_bp);
             if sp == 0 {
-                (ip, sp) = proc_syscall_regs(pid, tid).unwrap_or((0, 0));
+                (ip, sp) = syscall.map_or((0, 0), |s| (s.ip, s.sp));
             }
-            // Its registers as it left user space, its stack as it is now.
-            let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
-            let n = if sp != 0 {
-                symbolizer::unwind::read_memory(pid, sp, &mut stack)
+            let known = self
+                .last_exit
+                .get(&tid)
+                .filter(|c| sp != 0 && (c.ip, c.sp) == (ip, sp) && self.ids.contains_key(&c.id))
+                .map(|c| c.id);
+            if let Some(id) = known {
+                self.sources.sleepers_repeated += 1;
+                user = id;
             } else {
-                0
-            };
-            if n > 0 {
-                stack.truncate(n);
-                user = self.unwind(pid, ip, sp, bp, &stack).0;
+                // Its registers as it left user space, its stack as it is now.
+                let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
+                let n = if sp != 0 {
+                    symbolizer::unwind::read_memory(pid, sp, &mut stack)
+                } else {
+                    0
+                };
+                if n > 0 {
+                    stack.truncate(n);
+                    user = self.unwind(pid, ip, sp, bp, &stack).0;
+                }
             }
         }
-        let mut kernel = start.kernel_stack_id;
         if kernel == KERNEL_STACK_AT_SWITCH_IN {
-            if let Some(frames) = self.kallsyms.sleeping_stack(pid, tid) {
-                kernel = self.intern(frames);
+            match syscall {
+                Some(s) if sleeps_interruptible(start.state) && is_wait_syscall(s.nr) => {
+                    kernel = KERNEL_STACK_SYSCALL_WAIT - s.nr;
+                }
+                _ => {
+                    if let Some(frames) = self.kallsyms.sleeping_stack(pid, tid) {
+                        kernel = self.intern(frames);
+                    }
+                }
             }
         }
         if self.sleepers.len() >= 65_536 {
@@ -623,21 +657,33 @@ impl UserStacks {
     }
 }
 
-/// The user stack and instruction pointers of a thread blocked in a
-/// system call, from `/proc/PID/task/TID/syscall` ("nr args... sp pc").
-fn proc_syscall_regs(pid: u32, tid: u32) -> Option<(u64, u64)> {
+/// Where a thread blocked in a system call is: the call, and its user
+/// instruction and stack pointers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SyscallRegs {
+    nr: i32,
+    ip: u64,
+    sp: u64,
+}
+
+/// [`SyscallRegs`] from `/proc/PID/task/TID/syscall` ("nr args... sp pc").
+fn proc_syscall_regs(pid: u32, tid: u32) -> Option<SyscallRegs> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
     parse_proc_syscall(&text)
 }
 
-fn parse_proc_syscall(text: &str) -> Option<(u64, u64)> {
+fn parse_proc_syscall(text: &str) -> Option<SyscallRegs> {
     let words: Vec<&str> = text.split_whitespace().collect();
     // "running", or "-1 sp pc" for a thread blocked outside a system call.
     if words.len() != 9 || words[0].starts_with('-') {
         return None;
     }
     let hex = |w: &str| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok();
-    Some((hex(words[8])?, hex(words[7])?))
+    Some(SyscallRegs {
+        nr: words[0].parse().ok()?,
+        ip: hex(words[8])?,
+        sp: hex(words[7])?,
+    })
 }
 
 /// Kernel stacks of sleeping threads from `/proc/PID/task/TID/stack`,
@@ -647,6 +693,9 @@ fn parse_proc_syscall(text: &str) -> Option<(u64, u64)> {
 #[derive(Default)]
 pub struct SleeperKernelStacks {
     addrs: HashMap<String, u64>,
+    /// Names a scan did not find (not in kallsyms): not scanned for again,
+    /// else every such stack read all of `/proc/kallsyms` every 10 s.
+    absent: std::collections::HashSet<String>,
     last_scan: Option<Instant>,
 }
 
@@ -660,7 +709,7 @@ impl SleeperKernelStacks {
         let missing: Vec<&str> = frames
             .iter()
             .map(|(n, _)| n.as_str())
-            .filter(|n| !self.addrs.contains_key(*n))
+            .filter(|n| !self.addrs.contains_key(*n) && !self.absent.contains(*n))
             .collect();
         if !missing.is_empty()
             && self
@@ -682,6 +731,14 @@ impl SleeperKernelStacks {
                                 self.addrs.entry(name.to_string()).or_insert(a);
                             }
                         }
+                    }
+                }
+                if self.absent.len() >= 4096 {
+                    self.absent.clear();
+                }
+                for name in wanted {
+                    if !self.addrs.contains_key(name) {
+                        self.absent.insert(name.to_string());
                     }
                 }
             }
@@ -820,10 +877,78 @@ mod tests {
     }
 
     #[test]
+    fn a_sleeper_in_a_wait_gets_the_calls_frame_and_its_last_exit_copy_without_proc_walks() {
+        // A thread of this process asleep in a futex wait (a Condvar).
+        let pair = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = pair.clone();
+        let waiter = std::thread::spawn(move || {
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let (m, c) = &*p2;
+            let mut done = m.lock().unwrap();
+            while !*done {
+                done = c.wait(done).unwrap();
+            }
+        });
+        let tid = rx.recv().unwrap();
+        let pid = std::process::id();
+        let mut regs = None;
+        for _ in 0..200 {
+            regs = proc_syscall_regs(pid, tid).filter(|r| r.nr == 202);
+            if regs.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A process may always read its own threads' /proc files.
+        let regs = regs.expect("the waiter never showed in a futex wait in /proc/self/task/TID/syscall");
+        let mut u = UserStacks::default();
+        let copy = u.intern(vec![0x1234, 0x5678]);
+        u.last_exit.insert(
+            tid,
+            ExitCopy {
+                ip: regs.ip,
+                sp: regs.sp,
+                bp: 0,
+                id: copy,
+            },
+        );
+        let start = OffCpuStart {
+            start_ns: 1,
+            state: 1, // TASK_INTERRUPTIBLE
+            kernel_stack_id: KERNEL_STACK_AT_SWITCH_IN,
+            user_stack_id: USER_STACK_NEXT,
+            ..OffCpuStart::IDLE
+        };
+        let (user, kernel) = u.of_sleeper(pid, tid, &start);
+        assert_eq!(
+            kernel,
+            KERNEL_STACK_SYSCALL_WAIT - 202,
+            "the futex wait's one frame"
+        );
+        assert_eq!(user, copy, "its last exit copy at the same registers");
+        assert_eq!(u.sources.sleepers_repeated, 1);
+        // At other registers it is read and unwound, not given the copy.
+        u.last_exit.get_mut(&tid).unwrap().sp += 16;
+        let later = OffCpuStart { start_ns: 2, ..start };
+        let (user, _) = u.of_sleeper(pid, tid, &later);
+        assert_ne!(user, copy);
+        assert_eq!(u.sources.sleepers_repeated, 1);
+        let (m, c) = &*pair;
+        *m.lock().unwrap() = true;
+        c.notify_one();
+        waiter.join().unwrap();
+    }
+
+    #[test]
     fn proc_files_of_a_sleeping_thread_parse() {
         assert_eq!(
             parse_proc_syscall("202 0x7f1 0x80 0x0 0x0 0x0 0x0 0x7ffc0010 0x7f5500aa\n"),
-            Some((0x7f55_00aa, 0x7ffc_0010))
+            Some(SyscallRegs {
+                nr: 202,
+                ip: 0x7f55_00aa,
+                sp: 0x7ffc_0010
+            })
         );
         assert_eq!(parse_proc_syscall("running\n"), None);
         assert_eq!(parse_proc_syscall("-1 0x7ffc0010 0x7f5500aa\n"), None);
@@ -863,7 +988,7 @@ mod tests {
     fn a_repeat_gets_the_threads_last_exit_copy_only_at_the_same_registers() {
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        let mut push = |u: &mut UserStacks, rec: Vec<u8>, out: &mut Vec<Event>| {
+        let push = |u: &mut UserStacks, rec: Vec<u8>, out: &mut Vec<Event>| {
             u.feed(&rec, &mut |e| out.push(e)).unwrap()
         };
         // A copy, then a repeat of it: the same stack id.
