@@ -396,11 +396,7 @@ impl UserStacks {
     /// The stack a [`stack_for::REPEAT`] stands for: the thread's last exit
     /// copy, if it was taken at the same registers and is still known.
     fn repeat(&mut self, h: &UserStackHeader) -> (i32, bool) {
-        let known = self
-            .last_exit
-            .get(&h.tid)
-            .filter(|c| (c.ip, c.sp, c.bp) == (h.ip, h.sp, h.bp))
-            .map(|c| c.id);
+        let known = self.last_exit_copy(h.tid, h.ip, h.sp, Some(h.bp));
         match known.and_then(|id| self.ids.get_mut(&id).map(|e| (id, e))) {
             Some((id, entry)) => {
                 entry.1 = Instant::now();
@@ -412,6 +408,16 @@ impl UserStacks {
                 (self.not_taken(), false)
             }
         }
+    }
+
+    /// The stack id of `tid`'s last exit copy if it was taken at these
+    /// registers (`bp` when known) and is still kept.
+    fn last_exit_copy(&self, tid: u32, ip: u64, sp: u64, bp: Option<u64>) -> Option<i32> {
+        self.last_exit
+            .get(&tid)
+            .filter(|c| sp != 0 && (c.ip, c.sp) == (ip, sp) && bp.is_none_or(|bp| bp == c.bp))
+            .map(|c| c.id)
+            .filter(|id| self.ids.contains_key(id))
     }
 
     fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> (i32, End, u64) {
@@ -615,12 +621,8 @@ impl UserStacks {
             if sp == 0 {
                 (ip, sp) = syscall.map_or((0, 0), |s| (s.ip, s.sp));
             }
-            let known = self
-                .last_exit
-                .get(&tid)
-                .filter(|c| sp != 0 && (c.ip, c.sp) == (ip, sp) && self.ids.contains_key(&c.id))
-                .map(|c| c.id);
-            if let Some(id) = known {
+            // /proc gives no bp: the instruction and stack pointers decide.
+            if let Some(id) = self.last_exit_copy(tid, ip, sp, None) {
                 self.sources.sleepers_repeated += 1;
                 user = id;
             } else {
@@ -984,26 +986,35 @@ mod tests {
         assert_eq!(u.sources.offcpu_at_syscall_exit, 1);
     }
 
+    /// A repeat record of `tid` at `stack_rec`'s registers, or at stack
+    /// pointer `sp`.
+    fn repeat_rec(tid: u32, sp: Option<u64>) -> Vec<u8> {
+        let mut rec = stack_rec(tid, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]);
+        if let Some(sp) = sp {
+            rec[32..40].copy_from_slice(&sp.to_ne_bytes()); // UserStackHeader.sp
+        }
+        rec
+    }
+
     #[test]
     fn a_repeat_gets_the_threads_last_exit_copy_only_at_the_same_registers() {
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        let push = |u: &mut UserStacks, rec: Vec<u8>, out: &mut Vec<Event>| {
-            u.feed(&rec, &mut |e| out.push(e)).unwrap()
+        // An interval of `tid` beginning at `start`, then the stack record it waits for.
+        let interval_then = |u: &mut UserStacks, tid: u32, start: u64, rec: Vec<u8>, out: &mut Vec<Event>| {
+            u.feed(&offcpu(tid, start, USER_STACK_NEXT), &mut |e| out.push(e))
+                .unwrap();
+            u.feed(&rec, &mut |e| out.push(e)).unwrap();
         };
         // A copy, then a repeat of it: the same stack id.
-        push(&mut u, offcpu(7, 100, USER_STACK_NEXT), &mut out);
-        push(
+        interval_then(
             &mut u,
+            7,
+            100,
             stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
             &mut out,
         );
-        push(&mut u, offcpu(7, 200, USER_STACK_NEXT), &mut out);
-        push(
-            &mut u,
-            stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
-            &mut out,
-        );
+        interval_then(&mut u, 7, 200, repeat_rec(7, None), &mut out);
         assert_eq!(out.len(), 2);
         assert!(is_unwound(user_id(&out[0])));
         assert_eq!(user_id(&out[0]), user_id(&out[1]));
@@ -1012,28 +1023,14 @@ mod tests {
         // A sample's copy in between is not what the kernel compares with.
         let mut sample = stack_rec(7, stack_for::SAMPLE, 0, &[1; 64]);
         sample[32..40].copy_from_slice(&0x7000_2000u64.to_ne_bytes());
-        push(&mut u, offcpu(7, 250, USER_STACK_NEXT), &mut out);
-        push(&mut u, sample, &mut out);
-        push(&mut u, offcpu(7, 260, USER_STACK_NEXT), &mut out);
-        push(
-            &mut u,
-            stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
-            &mut out,
-        );
+        interval_then(&mut u, 7, 250, sample, &mut out);
+        interval_then(&mut u, 7, 260, repeat_rec(7, None), &mut out);
         assert_eq!(user_id(&out[3]), user_id(&out[0]));
         out.truncate(2);
         // A repeat at other registers, or of another thread with no copy
         // yet, is not given a stack it was not taken at.
-        let mut other = stack_rec(7, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]);
-        other[32..40].copy_from_slice(&0x7000_1000u64.to_ne_bytes()); // sp
-        push(&mut u, offcpu(7, 300, USER_STACK_NEXT), &mut out);
-        push(&mut u, other, &mut out);
-        push(&mut u, offcpu(8, 300, USER_STACK_NEXT), &mut out);
-        push(
-            &mut u,
-            stack_rec(8, stack_for::SYSCALL_EXIT | stack_for::REPEAT, 0, &[]),
-            &mut out,
-        );
+        interval_then(&mut u, 7, 300, repeat_rec(7, Some(0x7000_1000)), &mut out);
+        interval_then(&mut u, 8, 300, repeat_rec(8, None), &mut out);
         assert_eq!(out.len(), 4);
         let not_taken = u.not_taken();
         assert_eq!((user_id(&out[2]), user_id(&out[3])), (not_taken, not_taken));
