@@ -454,8 +454,11 @@ fn open(
     let repeat_ns = stack_repeat.as_nanos() as u64;
     // Each stack map entry holds up to 127 frames (~1 KiB of kernel memory).
     let odd_entries = if rotating_stacks { STACK_MAP_ENTRIES } else { 1 };
+    // One stack-copy scratch record per possible CPU (indexed by CPU).
+    let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))? as u32;
     EbpfLoader::new()
         .map_max_entries("STACKS_ODD", odd_entries)
+        .map_max_entries("USER_STACK_SCRATCH", cpus)
         .override_global("TARGET_TGID", &tgid, true)
         .override_global("MIN_OFFCPU_NS", &min_ns, true)
         .override_global("MIN_FUTEX_NS", &min_ns, true)

@@ -230,7 +230,7 @@ pub struct Unwinding {
     pub complete: u64,
     /// Longer than 128 frames: ended in `[truncated]`.
     pub truncated: u64,
-    /// The 16 KiB copy ended first: `[stack copy ended]`.
+    /// The 32 KiB copy ended first: `[stack copy ended]`.
     pub stack_copy_ended: u64,
     /// Stopped in code with neither CFI nor frame pointers: `[no unwind info] module+0xoff`.
     pub no_unwind_info: u64,

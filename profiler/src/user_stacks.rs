@@ -428,7 +428,7 @@ impl UserStacks {
     /// Unwinds a kernel copy, and learns from it where the thread's
     /// outermost frame ends: the kernel copies no further from then on (a
     /// thread's idle stack is a few KiB; without the bound every copy ran
-    /// to the end of its mapping or the 16 KiB limit).
+    /// to the end of its mapping or the 32 KiB limit).
     fn unwind_copy(&mut self, h: &UserStackHeader, stack: &[u8]) -> i32 {
         let (id, end, reach) = self.unwind(h.tgid, h.ip, h.sp, h.bp, stack);
         let bounded = h.why & stack_for::BOUNDED != 0;

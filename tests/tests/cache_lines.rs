@@ -71,7 +71,7 @@ fn names(f: &serde_json::Value) -> Vec<String> {
 
 fn needs_two_cpus() -> bool {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        eprintln!("SKIPPED: ping-pong needs two CPUs");
+        skip(Need::Cpus(2), "ping-pong needs two CPUs");
         return false;
     }
     true

@@ -81,7 +81,10 @@ fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
         return;
     };
     let Some(trace) = MadviseTrace::start() else {
-        eprintln!("SKIPPED: cannot enable the madvise tracepoints in tracefs for the independent count");
+        skip(
+            Need::Other,
+            "cannot enable the madvise tracepoints in tracefs for the independent count",
+        );
         return;
     };
     let (out, truth) = record(
@@ -137,9 +140,12 @@ fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
         .iter()
         .map(|x| x["magnitudes"]["madvise_calls"].as_f64().unwrap())
         .sum();
+    // Both ways: the findings hold (nearly) all of the purges tracefs
+    // counted, and none it did not.
+    eprintln!("findings hold {sum} of {trace_calls} calls (tracefs)");
     assert!(
-        near(sum, calls) || sum <= calls,
-        "findings hold {sum} of {calls} calls"
+        sum >= 0.9 * trace_calls as f64 && sum <= 1.1 * trace_calls as f64,
+        "findings hold {sum} calls, tracefs counted {trace_calls} (slotprof {calls})"
     );
     // ...and it shows in the slot's own summary and in index.html.
     let slot = f[0]["slot"].as_u64().unwrap();
@@ -266,6 +272,27 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "no lock gap blocked: the futex cause went unchecked"
     );
     assert!(found as f64 >= 0.9 * over as f64, "found {found} of {over}");
+    // Precision, with the program's own log as the truth: a finding on
+    // this run must overlap a gap the program injected (any of them: one
+    // just under the threshold can be found over it), 1 ms either side
+    // for the two clocks' readings.
+    let injected_at = |f: &serde_json::Value| {
+        let s = f["start_ns"].as_u64().unwrap();
+        let e = s + f["duration_ns"].as_u64().unwrap();
+        injected.iter().any(|g| {
+            let (a, b) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+            a < e + 1_000_000 && s < b + 1_000_000
+        })
+    };
+    let stray: Vec<&serde_json::Value> = gaps.iter().filter(|f| !injected_at(f)).collect();
+    assert!(!gaps.is_empty(), "no MainLoopGap finding at all");
+    assert!(
+        (gaps.len() - stray.len()) as f64 >= 0.95 * gaps.len() as f64,
+        "{} of {} findings match no injected gap: {:?}",
+        stray.len(),
+        gaps.len(),
+        stray.iter().map(|f| (&f["cause"], &f["duration_ns"])).collect::<Vec<_>>()
+    );
     // 0.85: in a TCG test VM (10-50x slower) a gap now and then overlaps
     // the main thread's own channel wait; on real machines it is 0.97+.
     assert!(
@@ -292,10 +319,7 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     // it must be reported as exactly that, never as one of the program's
     // own kinds.
     let smooth = findings(&out, "MainLoopGap");
-    // Likewise the profiler's own loop uprobe (its handler waits for the
-    // mmap lock), waits too short to record, and, in a TCG test VM, the
-    // host taking the vCPU away mid-iteration (on-CPU in the loop's own
-    // work). What must never appear is one of the program's own kinds.
+    // What must never appear is one of the program's own kinds.
     let invented_kind = |f: &serde_json::Value| {
         let stack = f["stack"].to_string();
         // (A sleep is not one: the smooth loop sleeps 0.5 ms each time,
@@ -317,19 +341,34 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         let e = s + f["duration_ns"].as_u64().unwrap();
         slow.iter().any(|&(a, b)| a < e + 1_000_000 && s < b + 1_000_000)
     };
-    let (invented, waits): (Vec<_>, Vec<_>) = smooth
-        .iter()
-        .partition(|f| invented_kind(f) || !seen_by_program(f));
+    // The smooth twin may only show the documented kind: the loop waiting
+    // for a CPU (this 2-vCPU machine is shared), at most 3 in 5 s, each
+    // an iteration the program itself saw run long. In a TCG test VM the
+    // host also takes the vCPU away mid-iteration, which the guest sees
+    // as the loop's own on-CPU time (steal, invisible to it): there, and
+    // only there, an on-CPU gap the program saw is that.
+    let emulated = scale > 1;
+    let allowed = |f: &serde_json::Value| {
+        !invented_kind(f)
+            && seen_by_program(f)
+            && (f["cause"] == "waiting for a CPU" || (emulated && f["cause"] == "on-CPU"))
+    };
+    let (waits, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| allowed(f));
     if !waits.is_empty() {
         eprintln!(
-            "smooth twin: {} gaps of machine or profiler noise: {:?}",
+            "smooth twin: {} gaps of machine noise: {:?}",
             waits.len(),
-            waits.iter().map(|f| &f["cause"]).collect::<Vec<_>>()
+            waits.iter().map(|f| (&f["cause"], &f["duration_ns"])).collect::<Vec<_>>()
         );
     }
     assert!(
         invented.is_empty(),
-        "gaps the smooth twin did not have: {invented:?}"
+        "gaps the smooth twin did not have, or not of the documented kind: {invented:?}"
+    );
+    assert!(
+        waits.len() <= 3,
+        "{} waiting-for-a-CPU gaps on the smooth twin in 5 s (at most 3): {waits:?}",
+        waits.len()
     );
     eprintln!(
         "smooth twin: the program saw {} slow iterations itself",
@@ -358,7 +397,7 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
         ("fp", stall_program("stall-gaps")),
         ("nofp", without_frame_pointers("stall-gaps")),
     ] {
-        let (out, _) = record_bin(
+        let (out, truth) = record_bin(
             &format!("lock-{build}"),
             &["--loop-thread", "main-loop"],
             &bin,
@@ -386,6 +425,53 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
             bank["waker_stack"]
         );
         eprintln!("{build}: waker stack {}", bank["waker_stack"]);
+        // The program's own log is the truth: its lock gaps, the waits it
+        // blocked in (a gap with no voluntary switch was spun through).
+        let logged: Vec<(u64, u64)> = truth["gaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["kind"] == "lock" && g["voluntary_switches"].as_u64().unwrap_or(0) > 0)
+            .map(|g| (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap()))
+            .collect();
+        assert!(!logged.is_empty(), "{build}: the program logged no blocked lock wait");
+        let logged_ns: u64 = logged.iter().map(|(s, e)| e - s).sum();
+        let bank_locks: Vec<&serde_json::Value> = locks
+            .iter()
+            .filter(|f| f["magnitudes"]["address"] == bank["magnitudes"]["address"])
+            .collect();
+        let waits: f64 = bank_locks.iter().map(|f| f["magnitudes"]["waits"].as_f64().unwrap()).sum();
+        let found_ns: u64 = bank_locks.iter().map(|f| f["duration_ns"].as_u64().unwrap()).sum();
+        eprintln!(
+            "{build}: {} blocked lock waits logged ({:.1} ms), findings: {waits} waits ({:.1} ms) in {} slots",
+            logged.len(),
+            logged_ns as f64 / 1e6,
+            found_ns as f64 / 1e6,
+            bank_locks.len()
+        );
+        assert!(
+            (waits - logged.len() as f64).abs() <= 0.1 * logged.len() as f64,
+            "{build}: {waits} waits in the findings, {} logged",
+            logged.len()
+        );
+        assert!(
+            (found_ns as f64 - logged_ns as f64).abs() <= 0.1 * logged_ns as f64,
+            "{build}: {found_ns} ns of waits in the findings, {logged_ns} logged"
+        );
+        // The quiet slots stay quiet: every LockContention finding is in a
+        // slot where the program waited for the lock (the finding starts
+        // at its slot's first such wait).
+        let stray: Vec<&serde_json::Value> = locks
+            .iter()
+            .filter(|f| {
+                let s = f["start_ns"].as_u64().unwrap();
+                !logged.iter().any(|&(a, b)| a < s + 1_000_000 && s < b + 1_000_000)
+            })
+            .collect();
+        assert!(
+            stray.is_empty(),
+            "{build}: LockContention where the program waited for no lock: {stray:?}"
+        );
         let _ = std::fs::remove_dir_all(out.parent().unwrap());
     }
 }

@@ -464,7 +464,7 @@ fn objcopy_of(from: &Path, dir: &Path, name: &str, args: &[&str]) -> Option<Path
     std::fs::copy(from, &bin).unwrap();
     let ok = Command::new("objcopy").args(args).arg(&bin).status();
     if !ok.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: objcopy is missing or failed (binutils)");
+        skip(Need::Tool("objcopy"), "objcopy is missing or failed (binutils)");
         return None;
     }
     Some(bin)

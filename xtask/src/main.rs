@@ -8,6 +8,7 @@
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
 
 mod bench;
+mod outcomes;
 mod setup;
 mod test_vm;
 mod validator;
@@ -28,7 +29,11 @@ fn main() -> ExitCode {
         Some("test") => test(&root()),
         Some("test-vm") => setup::run(&root())
             .and_then(|_| build(&root()))
-            .and_then(|_| test_vm::run(&root(), &args[1..])),
+            .and_then(|_| test_vm::run(&root(), &args[1..]))
+            .and_then(|rows| match outcomes::print_summary(&rows) {
+                0 => Ok(()),
+                n => Err(anyhow::anyhow!("{n} VM scenario(s) failed")),
+            }),
         Some("validator") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| validator::run(&root(), &args[1..])),
@@ -211,6 +216,8 @@ fn test(root: &Path) -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let mut rows = Vec::new();
     if is_root() {
         // The real node's short checks run when its binary can be had.
         let node = validator::binary(root)
@@ -226,26 +233,50 @@ fn test(root: &Path) -> anyhow::Result<()> {
             .map(|b| ("SLOTPROF_VALIDATOR", b.as_str()))
             .chain(load.iter().map(|l| ("SLOTPROF_LOADGEN", l.as_str())))
             .collect();
-        run_env(
+        rows.extend(outcomes::cargo_tests(
             root,
-            "cargo",
-            &["test", "--release", "--workspace", "--", "--include-ignored"],
-            &env,
-        )?;
+            &outcomes::Options {
+                include_ignored: true,
+                env: &env,
+                ci,
+                validator: node.is_some(),
+            },
+        )?);
         // The detector e2e tests again, in QEMU on Debian's kernels.
         let kernels: Vec<String> = test_vm::DEFAULT_KERNELS
             .iter()
             .flat_map(|k| ["--kernel".to_string(), k.to_string()])
             .collect();
-        test_vm::run(root, &kernels)?;
+        match test_vm::run(root, &kernels) {
+            Ok(vm) => rows.extend(vm),
+            Err(e) => rows.push(outcomes::Row {
+                place: "vm".into(),
+                package: "slotprof-tests".into(),
+                binary: "test-vm".into(),
+                test: "(setting the VMs up)".into(),
+                outcome: outcomes::Outcome::Fail,
+                note: format!("{e:#}"),
+            }),
+        }
     } else {
-        run(root, "cargo", &["test", "--release", "--workspace"])?;
+        rows.extend(outcomes::cargo_tests(
+            root,
+            &outcomes::Options {
+                include_ignored: false,
+                env: &[],
+                ci,
+                validator: false,
+            },
+        )?);
         eprintln!(
             "xtask: SKIPPED the end-to-end tests and the QEMU test VMs (they load eBPF programs \
              and install QEMU; they need root): run `sudo cargo xtask test` to include them"
         );
     }
-    eprintln!("xtask: all tests passed");
+    let failed = outcomes::print_summary(&rows);
+    if failed > 0 {
+        bail!("{failed} test(s) failed (see the table above)");
+    }
     Ok(())
 }
 

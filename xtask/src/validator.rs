@@ -6,7 +6,7 @@
 //! - `cargo xtask validator --load N`: the same, with N transactions a
 //!   second from a real Solana client (tests/loadgen: transfers, Memo and
 //!   SPL Token calls).
-//! - `cargo xtask validator --test`: the real-node tests, long ones
+//! - `cargo xtask validator --test [NAME]`: the real-node tests (those whose name contains NAME), long ones
 //!   included (`tests/tests/validator.rs`, as root).
 //!
 //! `cargo xtask test` runs the short subset of those tests whenever the
@@ -130,7 +130,7 @@ pub fn loadgen(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(root.join("target/loadgen/release/loadgen"))
 }
 
-/// `cargo xtask validator [--load TX_PER_S | --test]`.
+/// `cargo xtask validator [--load TX_PER_S | --test [NAME]]`.
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let bin = binary(root)?;
     let node = root.join("target/release/agave-node").display().to_string();
@@ -164,22 +164,25 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             let dir = crate::private_temp_dir("slotprof-validator-results")?;
             let results = dir.join("results.jsonl");
             std::fs::write(&results, "")?;
+            let mut cargo_args = vec![
+                "test",
+                "--release",
+                "-p",
+                "slotprof-tests",
+                "--test",
+                "validator",
+                "--",
+                "--include-ignored",
+                "--test-threads",
+                "1",
+                "--nocapture",
+            ];
+            // `--test NAME`: only the tests whose name contains NAME.
+            cargo_args.extend(args.get(1).map(String::as_str));
             let outcome = crate::run_env(
                 root,
                 "cargo",
-                &[
-                    "test",
-                    "--release",
-                    "-p",
-                    "slotprof-tests",
-                    "--test",
-                    "validator",
-                    "--",
-                    "--include-ignored",
-                    "--test-threads",
-                    "1",
-                    "--nocapture",
-                ],
+                &cargo_args,
                 &[
                     ("SLOTPROF_VALIDATOR", &bin.display().to_string()),
                     ("SLOTPROF_LOADGEN", &load.display().to_string()),
@@ -193,7 +196,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             outcome
         }
         Some(other) => {
-            bail!("unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test]")
+            bail!("unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test [NAME]]")
         }
     }
 }

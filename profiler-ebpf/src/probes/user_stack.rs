@@ -28,7 +28,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap},
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES,
@@ -37,9 +37,13 @@ use profiler_ebpf::{
 
 use super::{count, submit_flags, user_stack_repeat_ns, EVENTS};
 
-/// Where a record is built (16 KiB: too big for the BPF stack).
+/// Where a record is built, one per CPU, indexed by the CPU's number (too
+/// big for the BPF stack, and for a per-CPU array: the kernel caps a
+/// per-CPU value at 32 KiB). Userspace sizes it to the possible CPUs; a
+/// program runs with migration disabled, so
+/// the entry stays this CPU's for the copy, as a per-CPU value would.
 #[map]
-static USER_STACK_SCRATCH: PerCpuArray<UserStackRecord> = PerCpuArray::with_max_entries(1, 0);
+static USER_STACK_SCRATCH: Array<UserStackRecord> = Array::with_max_entries(1, 0);
 
 /// Where each thread's outermost frame ends (userspace writes it after a
 /// complete unwind): copies stop there.
@@ -94,7 +98,7 @@ pub fn user_regs_of(task: *mut task_struct) -> Option<UserRegsNow> {
 /// Returns whether anything was copied.
 #[inline(always)]
 pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
-    let Some(rec) = USER_STACK_SCRATCH.get_ptr_mut(0) else {
+    let Some(rec) = USER_STACK_SCRATCH.get_ptr_mut(unsafe { bpf_get_smp_processor_id() }) else {
         return false;
     };
     let pid_tgid = bpf_get_current_pid_tgid();

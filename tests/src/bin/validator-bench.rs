@@ -468,7 +468,7 @@ fn markdown(a: &Args, rounds: &[Round], run: Option<&RunResult>, load: &Value) -
         let _ = writeln!(
             md,
             "\nAll programs: {}% of the machine. Events lost: {} (stacks: {lost_stacks}, {:.3}% of the {stacks} user stacks unwound). \
-             User stacks: {} complete, {} ended by the 16 KiB copy, {} with no unwind info. {} off-CPU intervals ({:.1} MiB of them in the temporary file); slotprof's peak RSS by its own count {:.1} MiB.",
+             User stacks: {} complete, {} ended by the 32 KiB copy, {} with no unwind info. {} off-CPU intervals ({:.1} MiB of them in the temporary file); slotprof's peak RSS by its own count {:.1} MiB.",
             s["probe_cost"]["cpu_percent"],
             s["lost"]["total"],
             100.0 * lost_stacks / stacks.max(1.0),

@@ -12,16 +12,105 @@ use std::{
 /// End-to-end tests share the kernel (probes, program lists): one at a time.
 static KERNEL: Mutex<()> = Mutex::new(());
 
-/// Takes the kernel for one test, or returns `None` after printing why the
-/// test cannot run here (it then counts as skipped, not passed: the test is
-/// `#[ignore]`d unless run as root by `cargo xtask test`).
+/// What a skipped test lacked. `cargo xtask test` checks each need against
+/// the machine itself: under CI (`CI=true`) a test skipped for a need the
+/// machine meets is a failure (a hidden device, a wrong check), and a real
+/// lack is listed as such in its table.
+#[derive(Clone, Debug)]
+pub enum Need {
+    /// Root (loads eBPF programs).
+    Root,
+    /// The kernel's BTF (/sys/kernel/btf/vmlinux).
+    Btf,
+    /// Read-write /dev/kvm.
+    Kvm,
+    /// This much MemAvailable, in GiB.
+    MemoryGib(f64),
+    /// /usr/bin/chromium (or chromium on PATH).
+    Chromium,
+    /// At least this many online CPUs.
+    Cpus(usize),
+    /// This program on PATH.
+    Tool(&'static str),
+    /// The real validator's binary (`../shared/validator/`).
+    Validator,
+    /// A kernel tracepoint ("category:name"): the test is UNSUPPORTED.
+    Tracepoint(String),
+    /// Not a lack: the test runs elsewhere (`cargo xtask validator --test`).
+    Elsewhere,
+    /// Something else this machine could not do (the reason says what).
+    Other,
+}
+
+impl Need {
+    fn tag(&self) -> (String, String) {
+        match self {
+            Need::Root => ("root".into(), String::new()),
+            Need::Btf => ("btf".into(), String::new()),
+            Need::Kvm => ("kvm".into(), String::new()),
+            Need::MemoryGib(g) => ("memory_gib".into(), format!("{g}")),
+            Need::Chromium => ("chromium".into(), String::new()),
+            Need::Cpus(n) => ("cpus".into(), n.to_string()),
+            Need::Tool(t) => ("tool".into(), t.to_string()),
+            Need::Validator => ("validator".into(), String::new()),
+            Need::Tracepoint(t) => ("tracepoint".into(), t.clone()),
+            Need::Elsewhere => ("elsewhere".into(), String::new()),
+            Need::Other => ("other".into(), String::new()),
+        }
+    }
+}
+
+/// Says why this test does not run: `SKIPPED: why` (or `UNSUPPORTED: why`
+/// for a missing tracepoint) on stderr, which the test VMs read, and one
+/// JSON line appended to `$SLOTPROF_OUTCOMES` when `cargo xtask test` set
+/// it (the test's name is its thread's, as libtest names it). The caller
+/// then returns: libtest prints `ok`, and only this record tells a skip
+/// from a pass.
+pub fn skip(need: Need, why: impl std::fmt::Display) {
+    let word = if matches!(need, Need::Tracepoint(_)) { "UNSUPPORTED" } else { "SKIPPED" };
+    eprintln!("{word}: {why}");
+    let Some(path) = std::env::var_os("SLOTPROF_OUTCOMES") else { return };
+    let (kind, arg) = need.tag();
+    let exe = std::env::current_exe().ok();
+    // A test binary is named `<target>-<hash>`.
+    let binary = exe
+        .as_deref()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .map(|n| n.rsplit_once('-').map_or(n, |(b, _)| b).to_string())
+        .unwrap_or_default();
+    let line = serde_json::json!({
+        "binary": binary,
+        "test": std::thread::current().name().unwrap_or(""),
+        "outcome": word,
+        "need": kind,
+        "arg": arg,
+        "why": why.to_string(),
+    });
+    // One write of one line with O_APPEND: lines from tests running at
+    // once do not interleave.
+    let mut text = line.to_string();
+    text.push('\n');
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record the skip in {}: {e}", Path::new(&path).display());
+    }
+}
+
+/// Takes the kernel for one test, or returns `None` after saying why the
+/// test cannot run here (see [`skip`]; the test is `#[ignore]`d unless
+/// run as root by `cargo xtask test`).
 pub fn kernel() -> Option<MutexGuard<'static, ()>> {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: needs root (loads eBPF programs); run `sudo cargo xtask test`");
+        skip(Need::Root, "needs root (loads eBPF programs); run `sudo cargo xtask test`");
         return None;
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-        eprintln!("SKIPPED: this kernel has no BTF (/sys/kernel/btf/vmlinux)");
+        skip(Need::Btf, "this kernel has no BTF (/sys/kernel/btf/vmlinux)");
         return None;
     }
     Some(KERNEL.lock().unwrap_or_else(|p| p.into_inner()))
@@ -38,7 +127,10 @@ pub fn kernel_with(tracepoints: &[&str]) -> Option<MutexGuard<'static, ()>> {
         for tp in tracepoints {
             let (category, name) = tp.split_once(':').expect("category:name");
             if !events.join(category).join(name).is_dir() {
-                eprintln!("UNSUPPORTED: {tp} is not in this kernel ({})", kernel_release());
+                skip(
+                    Need::Tracepoint(tp.to_string()),
+                    format!("{tp} is not in this kernel ({})", kernel_release()),
+                );
                 return None;
             }
         }
@@ -322,9 +414,9 @@ pub fn c_program(dir: &Path, name: &str) -> Option<PathBuf> {
         .join(format!("{name}.c"));
     let text = std::fs::read_to_string(&src).unwrap_or_default();
     let Some(flags) = text.lines().next().and_then(|l| l.strip_prefix("// cflags:")) else {
-        eprintln!(
-            "SKIPPED: {} is missing (and target/c/{name} was not built)",
-            src.display()
+        skip(
+            Need::Other,
+            format!("{} is missing (and target/c/{name} was not built)", src.display()),
         );
         return None;
     };
@@ -335,8 +427,9 @@ pub fn c_program(dir: &Path, name: &str) -> Option<PathBuf> {
         .arg(&src)
         .status();
     if !cc.is_ok_and(|s| s.success()) {
-        eprintln!(
-            "SKIPPED: no C compiler (cc) to build {name}, and no target/c/{name} (`cargo xtask build`)"
+        skip(
+            Need::Tool("cc"),
+            format!("no C compiler (cc) to build {name}, and no target/c/{name} (`cargo xtask build`)"),
         );
         return None;
     }

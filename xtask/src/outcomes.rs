@@ -1,0 +1,408 @@
+//! What a test run proved, test by test: `cargo xtask test` runs every
+//! test executable itself (so it knows which binary each line came from),
+//! reads libtest's `test NAME ... ok` lines, and joins them with the skip
+//! records the tests write (`tests/tests/common`'s `skip`, one JSON line
+//! each in `$SLOTPROF_OUTCOMES`): libtest prints `ok` for a test that
+//! returned early, and only the record tells that skip from a pass.
+//!
+//! Under CI (`CI=true`) a skip is checked against this machine: a test
+//! skipped for something the machine has (root, BTF, /dev/kvm, memory,
+//! Chromium, CPUs, a tool, the validator's binary) is a failure.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::Context;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    Pass,
+    /// Passed only on a second run (the test VMs rerun a failure once).
+    Flaky,
+    Skipped,
+    Unsupported,
+    Fail,
+}
+
+impl Outcome {
+    pub fn word(self) -> &'static str {
+        match self {
+            Outcome::Pass => "PASS",
+            Outcome::Flaky => "FLAKY",
+            Outcome::Skipped => "SKIPPED",
+            Outcome::Unsupported => "UNSUPPORTED",
+            Outcome::Fail => "FAIL",
+        }
+    }
+}
+
+/// One test's result: where it ran (`host` or a VM's kernel line), its
+/// package and binary, its name, the outcome and why.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub place: String,
+    pub package: String,
+    pub binary: String,
+    pub test: String,
+    pub outcome: Outcome,
+    pub note: String,
+}
+
+/// A test executable cargo built: package, target name, path, and the
+/// directory cargo runs it in (its package's).
+#[derive(Clone, Debug)]
+struct Executable {
+    package: String,
+    target: String,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+fn executables(root: &Path) -> anyhow::Result<Vec<Executable>> {
+    let args = [
+        "test",
+        "--release",
+        "--workspace",
+        "--no-run",
+        "--message-format=json",
+    ];
+    eprintln!("xtask: $ cargo {}", args.join(" "));
+    let out = Command::new("cargo")
+        .args(args)
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    anyhow::ensure!(out.status.success(), "`cargo {}` failed ({})", args.join(" "), out.status);
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(target), Some(manifest)) = (
+            v["executable"].as_str(),
+            v["target"]["name"].as_str(),
+            v["manifest_path"].as_str(),
+        ) else {
+            continue;
+        };
+        let kind = v["target"]["kind"][0].as_str().unwrap_or("");
+        // Benches (harness = false: running one measures) and examples
+        // are not tests here.
+        if v["profile"]["test"] != true || !matches!(kind, "lib" | "rlib" | "bin" | "test" | "proc-macro") {
+            continue;
+        }
+        // package_id: "path+file:///work/main/tests#slotprof-tests@0.1.0"
+        // (or "...#0.1.0" when the name is the directory's).
+        let package = v["package_id"]
+            .as_str()
+            .and_then(|id| id.rsplit_once('#'))
+            .map(|(head, tail)| match tail.split_once('@') {
+                Some((name, _)) => name.to_string(),
+                None => head.rsplit('/').next().unwrap_or(head).to_string(),
+            })
+            .unwrap_or_default();
+        found.push(Executable {
+            package,
+            target: target.to_string(),
+            path: PathBuf::from(exe),
+            dir: Path::new(manifest).parent().unwrap_or(root).to_path_buf(),
+        });
+    }
+    anyhow::ensure!(!found.is_empty(), "cargo built no test executable");
+    Ok(found)
+}
+
+/// libtest's line for one finished test: name and outcome word.
+fn parse_line(line: &str) -> Option<(&str, &str)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, result) = rest.rsplit_once(" ... ")?;
+    let word = result.split([',', ' ']).next()?;
+    matches!(word, "ok" | "FAILED" | "ignored").then_some((name, result))
+}
+
+/// A skip record as the tests write it.
+#[derive(Clone, Debug)]
+struct Skip {
+    outcome: Outcome,
+    need: String,
+    arg: String,
+    why: String,
+}
+
+fn read_skips(path: &Path) -> BTreeMap<(String, String), Skip> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+            (
+                (s("binary"), s("test")),
+                Skip {
+                    outcome: if s("outcome") == "UNSUPPORTED" {
+                        Outcome::Unsupported
+                    } else {
+                        Outcome::Skipped
+                    },
+                    need: s("need"),
+                    arg: s("arg"),
+                    why: s("why"),
+                },
+            )
+        })
+        .collect()
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+fn mem_available_gib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / (1024.0 * 1024.0))
+}
+
+/// Whether this machine has what a skipped test said it lacked, checked
+/// here independently of the test (`None`: not a lack of the machine,
+/// e.g. a test that runs in `cargo xtask validator --test`).
+fn machine_has(need: &str, arg: &str, validator: bool) -> Option<bool> {
+    Some(match need {
+        "root" => crate::is_root(),
+        "btf" => Path::new("/sys/kernel/btf/vmlinux").exists(),
+        "kvm" => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok(),
+        "memory_gib" => mem_available_gib() >= arg.parse::<f64>().unwrap_or(f64::INFINITY),
+        "chromium" => Path::new("/usr/bin/chromium").is_file() || on_path("chromium"),
+        "cpus" => std::thread::available_parallelism().map_or(1, |n| n.get()) >= arg.parse().unwrap_or(usize::MAX),
+        "tool" => on_path(arg),
+        "validator" => validator,
+        "tracepoint" => {
+            let (cat, name) = arg.split_once(':').unwrap_or((arg, ""));
+            ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"]
+                .iter()
+                .any(|e| Path::new(e).join(cat).join(name).is_dir())
+        }
+        "elsewhere" => return None,
+        // Something the test could not do on a machine that should: under
+        // CI that is a failure to look at.
+        _ => true,
+    })
+}
+
+/// How `cargo_tests` runs.
+pub struct Options<'a> {
+    pub include_ignored: bool,
+    pub env: &'a [(&'a str, &'a str)],
+    /// `CI=true`: a skip for a need this machine meets fails.
+    pub ci: bool,
+    /// Whether the real validator's binary is here (for its skips).
+    pub validator: bool,
+}
+
+/// Runs every test executable of the workspace (and the doc tests), one
+/// after another, and returns a row per test.
+pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
+    let exes = executables(root)?;
+    let dir = crate::private_temp_dir("slotprof-outcomes")?;
+    let records = dir.join("skips.jsonl");
+    std::fs::write(&records, "")?;
+    let mut rows = Vec::new();
+    let result = (|| {
+        for exe in &exes {
+            let mut args: Vec<&str> = Vec::new();
+            if opts.include_ignored {
+                args.push("--include-ignored");
+            }
+            eprintln!(
+                "xtask: $ {} {} ({} {})",
+                exe.path.display(),
+                args.join(" "),
+                exe.package,
+                exe.target
+            );
+            let mut child = Command::new(&exe.path)
+                .args(&args)
+                .envs(opts.env.iter().copied())
+                .env("SLOTPROF_OUTCOMES", &records)
+                .current_dir(&exe.dir)
+                .stdout(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("cannot run {}", exe.path.display()))?;
+            let mut seen: Vec<(String, String)> = Vec::new();
+            for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+                let line = line?;
+                println!("{line}");
+                if let Some((name, result)) = parse_line(&line) {
+                    seen.push((name.to_string(), result.to_string()));
+                }
+            }
+            let status = child.wait()?;
+            let skips = read_skips(&records);
+            for (name, result) in &seen {
+                let (outcome, note) = if result.starts_with("FAILED") {
+                    (Outcome::Fail, String::new())
+                } else if let Some(reason) = result.strip_prefix("ignored") {
+                    (
+                        Outcome::Skipped,
+                        format!("ignored{reason} (run as root to include it)"),
+                    )
+                } else if let Some(s) = skips.get(&(exe.target.clone(), name.clone())) {
+                    match machine_has(&s.need, &s.arg, opts.validator) {
+                        Some(true) if opts.ci => (
+                            Outcome::Fail,
+                            format!(
+                                "skipped under CI, but this machine has what it said it lacked ({}): {}",
+                                s.need, s.why
+                            ),
+                        ),
+                        _ => (s.outcome, s.why.clone()),
+                    }
+                } else {
+                    (Outcome::Pass, String::new())
+                };
+                rows.push(Row {
+                    place: "host".into(),
+                    package: exe.package.clone(),
+                    binary: exe.target.clone(),
+                    test: name.clone(),
+                    outcome,
+                    note,
+                });
+            }
+            if !status.success() && !seen.iter().any(|(_, r)| r.starts_with("FAILED")) {
+                // A crash, or a failure outside any test (e.g. a panic in
+                // the harness): say so as a row of its own.
+                rows.push(Row {
+                    place: "host".into(),
+                    package: exe.package.clone(),
+                    binary: exe.target.clone(),
+                    test: "(the executable)".into(),
+                    outcome: Outcome::Fail,
+                    note: format!("exited with {status}"),
+                });
+            }
+        }
+        // The doc tests, as cargo runs them (one row for them all).
+        let doc = crate::run(root, "cargo", &["test", "--release", "--workspace", "--doc"]);
+        rows.push(Row {
+            place: "host".into(),
+            package: "(workspace)".into(),
+            binary: "doctests".into(),
+            test: "(all doc tests)".into(),
+            outcome: if doc.is_ok() { Outcome::Pass } else { Outcome::Fail },
+            note: doc.err().map(|e| format!("{e:#}")).unwrap_or_default(),
+        });
+        anyhow::Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    Ok(rows)
+}
+
+/// The end-to-end tests (package `slotprof-tests` and the test VMs) as a
+/// table, unit tests as one line per package, then the closing line
+/// `N passed, N failed, N skipped` (and `, N flaky` when some were).
+/// Returns the number of failures.
+pub fn print_summary(rows: &[Row]) -> usize {
+    let e2e = |r: &Row| r.package == "slotprof-tests" || r.place != "host";
+    println!("\nEnd-to-end tests:");
+    println!("{:<6} {:<92} {:<11} note", "where", "test", "result");
+    for r in rows.iter().filter(|r| e2e(r)) {
+        println!(
+            "{:<6} {:<92} {:<11} {}",
+            r.place,
+            format!("{}::{}", r.binary, r.test),
+            r.outcome.word(),
+            r.note
+        );
+    }
+    let mut units: BTreeMap<&str, [usize; 5]> = BTreeMap::new();
+    for r in rows.iter().filter(|r| !e2e(r)) {
+        units.entry(&r.package).or_default()[r.outcome as usize] += 1;
+    }
+    println!("\nUnit and integration tests by package (passed / failed / skipped):");
+    for (p, c) in &units {
+        println!(
+            "  {p:<24} {} / {} / {}",
+            c[Outcome::Pass as usize] + c[Outcome::Flaky as usize],
+            c[Outcome::Fail as usize],
+            c[Outcome::Skipped as usize] + c[Outcome::Unsupported as usize]
+        );
+    }
+    for r in rows.iter().filter(|r| !e2e(r) && r.outcome != Outcome::Pass) {
+        println!("  {} {}::{}: {}", r.outcome.word(), r.binary, r.test, r.note);
+    }
+    let count = |o: &[Outcome]| rows.iter().filter(|r| o.contains(&r.outcome)).count();
+    let passed = count(&[Outcome::Pass]);
+    let failed = count(&[Outcome::Fail]);
+    let skipped = count(&[Outcome::Skipped, Outcome::Unsupported]);
+    let flaky = count(&[Outcome::Flaky]);
+    let mut line = format!("{passed} passed, {failed} failed, {skipped} skipped");
+    if flaky > 0 {
+        line.push_str(&format!(", {flaky} flaky"));
+    }
+    println!("\n{line}");
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_lines_are_read_and_others_are_not() {
+        assert_eq!(parse_line("test a::b ... ok"), Some(("a::b", "ok")));
+        assert_eq!(parse_line("test x ... FAILED"), Some(("x", "FAILED")));
+        assert_eq!(
+            parse_line("test y ... ignored, needs root"),
+            Some(("y", "ignored, needs root"))
+        );
+        assert_eq!(parse_line("test result: ok. 3 passed; 0 failed"), None);
+        assert_eq!(parse_line("test z has been running for over 60 seconds"), None);
+        assert_eq!(parse_line("running 3 tests"), None);
+    }
+
+    #[test]
+    fn a_skip_for_a_need_the_machine_meets_is_known_as_such() {
+        assert_eq!(machine_has("elsewhere", "", true), None);
+        assert_eq!(machine_has("validator", "", false), Some(false));
+        assert_eq!(machine_has("cpus", "1", false), Some(true));
+        assert_eq!(machine_has("cpus", "100000", false), Some(false));
+        assert_eq!(machine_has("memory_gib", "1000000", false), Some(false));
+        assert_eq!(machine_has("tool", "no-such-tool-anywhere", false), Some(false));
+        assert_eq!(machine_has("tool", "sh", false), Some(true));
+    }
+
+    #[test]
+    fn the_closing_line_counts_every_row_once() {
+        let row = |o| Row {
+            place: "host".into(),
+            package: "p".into(),
+            binary: "b".into(),
+            test: "t".into(),
+            outcome: o,
+            note: String::new(),
+        };
+        let rows = [
+            row(Outcome::Pass),
+            row(Outcome::Pass),
+            row(Outcome::Skipped),
+            row(Outcome::Unsupported),
+            row(Outcome::Fail),
+        ];
+        assert_eq!(print_summary(&rows), 1);
+    }
+}
