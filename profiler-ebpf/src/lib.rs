@@ -694,8 +694,13 @@ pub mod counter {
     /// System call exits whose stack repeated the thread's last copy
     /// (same registers, recent): sent as [`super::stack_for::REPEAT`].
     pub const USER_STACK_REPEATS: u32 = 15;
+    /// Copies not made because a copy was already being made on this CPU
+    /// (a cpu-clock sample that interrupted a system call exit's or a
+    /// switch-out's copy, of the same thread): the sample's record takes
+    /// that copy, the next of its thread, instead.
+    pub const USER_STACK_NESTED: u32 = 16;
     /// Number of counters.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
 }
 
 /// Kernel stack id of an interval that began in an interruptible sleep

@@ -100,6 +100,9 @@ pub struct Counters {
     pub user_stack_copy_failed: u64,
     pub user_stack_context_changed: u64,
     pub user_stack_ring_busy: u64,
+    /// Sample copies not made: a copy of the same thread was being made
+    /// on that CPU (the sample takes it).
+    pub user_stack_nested: u64,
     /// System call exits sent as a repeat of the thread's last copy.
     pub user_stack_repeats: u64,
 }
@@ -314,6 +317,7 @@ impl Probes {
             user_stack_copy_failed: read(counter::USER_STACK_COPY_FAILED)?,
             user_stack_context_changed: read(counter::USER_STACK_CONTEXT_CHANGED)?,
             user_stack_ring_busy: read(counter::USER_STACK_RING_BUSY)?,
+            user_stack_nested: read(counter::USER_STACK_NESTED)?,
             user_stack_repeats: read(counter::USER_STACK_REPEATS)?,
         })
     }

@@ -255,6 +255,9 @@ pub struct Unwinding {
     /// Copies not made: the ring buffer was over half full (a reader
     /// that could not keep up); those stacks say `[user stack not taken]`.
     pub kernel_copies_skipped_ring_busy: u64,
+    /// Copies not made by a cpu-clock sample that interrupted another copy
+    /// of the same thread on its CPU: the sample has that copy's stack.
+    pub kernel_copies_nested: u64,
     /// System call exits not copied: the thread was back at its last exit
     /// copy's registers within `--stack-repeat` (the copy's stack is used).
     pub kernel_exit_repeats: u64,
@@ -306,6 +309,7 @@ impl Unwinding {
             kernel_copies_failed: c.user_stack_copy_failed,
             kernel_context_changed: c.user_stack_context_changed,
             kernel_copies_skipped_ring_busy: c.user_stack_ring_busy,
+            kernel_copies_nested: c.user_stack_nested,
             kernel_exit_repeats: c.user_stack_repeats,
         }
     }

@@ -78,6 +78,9 @@ pub struct StackSources {
     /// record lost, or the stack forgotten): not taken.
     pub exit_repeats: u64,
     pub exit_repeats_missing: u64,
+    /// Exit copies no record waited for (an earlier copy served them),
+    /// kept for the thread's later repeats.
+    pub exit_copies_unclaimed: u64,
     /// Threads still asleep at a slot's end (or the session's) given their
     /// last exit copy's stack: asleep at its instruction and stack pointer.
     pub sleepers_repeated: u64,
@@ -350,8 +353,21 @@ impl UserStacks {
             }
             return Ok(());
         }
+        let exit_copy = header.why & stack_for::MASK == stack_for::SYSCALL_EXIT
+            && header.why & stack_for::REPEAT == 0
+            && !stack.is_empty();
         let Some(waiting) = self.held.remove(&header.tid) else {
-            return Ok(()); // nobody waits for it (a second copy of one exit)
+            // Nobody waits for it: its records took an earlier copy of the
+            // same stack (a cpu-clock sample between the switch-in and the
+            // system call's exit). The kernel still remembers this copy as
+            // the thread's last exit copy, and its later repeats stand for
+            // it: kept for them (exit_repeats_missing otherwise).
+            if exit_copy {
+                let id = self.unwind_copy(&header, stack);
+                self.remember_exit_copy(&header, id);
+                self.sources.exit_copies_unclaimed += 1;
+            }
+            return Ok(());
         };
         self.held_count -= waiting.len();
         let (id, taken) = if header.why & stack_for::REPEAT != 0 {
@@ -362,17 +378,8 @@ impl UserStacks {
             let id = self.unwind_copy(&header, stack);
             // What the kernel compares a later exit with: its exit copies
             // only (a sample's copy is not one).
-            if header.why & stack_for::MASK == stack_for::SYSCALL_EXIT {
-                if self.last_exit.len() >= 65_536 {
-                    self.last_exit.clear();
-                }
-                let copy = ExitCopy {
-                    ip: header.ip,
-                    sp: header.sp,
-                    bp: header.bp,
-                    id,
-                };
-                self.last_exit.insert(header.tid, copy);
+            if exit_copy {
+                self.remember_exit_copy(&header, id);
             }
             (id, true)
         };
@@ -391,6 +398,20 @@ impl UserStacks {
             out(h.event);
         }
         Ok(())
+    }
+
+    /// Keeps an exit copy as the thread's last (what its repeats mean).
+    fn remember_exit_copy(&mut self, header: &UserStackHeader, id: i32) {
+        if self.last_exit.len() >= 65_536 {
+            self.last_exit.clear();
+        }
+        let copy = ExitCopy {
+            ip: header.ip,
+            sp: header.sp,
+            bp: header.bp,
+            id,
+        };
+        self.last_exit.insert(header.tid, copy);
     }
 
     /// The stack a [`stack_for::REPEAT`] stands for: the thread's last exit
@@ -1036,6 +1057,39 @@ mod tests {
         assert_eq!((user_id(&out[2]), user_id(&out[3])), (not_taken, not_taken));
         assert_eq!(u.sources.exit_repeats_missing, 2);
         assert_eq!(u.sources.offcpu_not_taken, 2);
+    }
+
+    #[test]
+    fn an_exit_copy_nobody_waited_for_is_what_the_next_repeat_means() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        // The interval takes a sample's copy (a sample between the
+        // switch-in and the exit), at other registers than the exit's.
+        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &mut |e| out.push(e))
+            .unwrap();
+        let mut sample = stack_rec(7, stack_for::SAMPLE, 0, &[1; 64]);
+        sample[24..32].copy_from_slice(&0x5555_1234u64.to_ne_bytes()); // ip
+        sample[32..40].copy_from_slice(&0x7000_2000u64.to_ne_bytes()); // sp
+        u.feed(&sample, &mut |e| out.push(e)).unwrap();
+        // Then the exit's own copy, which nobody waits for any more; the
+        // kernel remembers it, and the next exit at its registers repeats.
+        u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(u.sources.exit_copies_unclaimed, 1);
+        u.feed(&offcpu(7, 200, USER_STACK_NEXT), &mut |e| out.push(e))
+            .unwrap();
+        u.feed(&repeat_rec(7, None), &mut |e| out.push(e)).unwrap();
+        assert_eq!(out.len(), 2);
+        assert!(is_unwound(user_id(&out[1])));
+        assert_ne!(
+            user_id(&out[1]),
+            user_id(&out[0]),
+            "the exit's stack, not the sample's"
+        );
+        assert_eq!((u.sources.exit_repeats, u.sources.exit_repeats_missing), (1, 0));
     }
 
     #[test]

@@ -291,7 +291,10 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "{} of {} findings match no injected gap: {:?}",
         stray.len(),
         gaps.len(),
-        stray.iter().map(|f| (&f["cause"], &f["duration_ns"])).collect::<Vec<_>>()
+        stray
+            .iter()
+            .map(|f| (&f["cause"], &f["duration_ns"]))
+            .collect::<Vec<_>>()
     );
     // 0.85: in a TCG test VM (10-50x slower) a gap now and then overlaps
     // the main thread's own channel wait; on real machines it is 0.97+.
@@ -358,7 +361,10 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         eprintln!(
             "smooth twin: {} gaps of machine noise: {:?}",
             waits.len(),
-            waits.iter().map(|f| (&f["cause"], &f["duration_ns"])).collect::<Vec<_>>()
+            waits
+                .iter()
+                .map(|f| (&f["cause"], &f["duration_ns"]))
+                .collect::<Vec<_>>()
         );
     }
     assert!(
@@ -434,14 +440,23 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
             .filter(|g| g["kind"] == "lock" && g["voluntary_switches"].as_u64().unwrap_or(0) > 0)
             .map(|g| (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap()))
             .collect();
-        assert!(!logged.is_empty(), "{build}: the program logged no blocked lock wait");
+        assert!(
+            !logged.is_empty(),
+            "{build}: the program logged no blocked lock wait"
+        );
         let logged_ns: u64 = logged.iter().map(|(s, e)| e - s).sum();
         let bank_locks: Vec<&serde_json::Value> = locks
             .iter()
             .filter(|f| f["magnitudes"]["address"] == bank["magnitudes"]["address"])
             .collect();
-        let waits: f64 = bank_locks.iter().map(|f| f["magnitudes"]["waits"].as_f64().unwrap()).sum();
-        let found_ns: u64 = bank_locks.iter().map(|f| f["duration_ns"].as_u64().unwrap()).sum();
+        let waits: f64 = bank_locks
+            .iter()
+            .map(|f| f["magnitudes"]["waits"].as_f64().unwrap())
+            .sum();
+        let found_ns: u64 = bank_locks
+            .iter()
+            .map(|f| f["duration_ns"].as_u64().unwrap())
+            .sum();
         eprintln!(
             "{build}: {} blocked lock waits logged ({:.1} ms), findings: {waits} waits ({:.1} ms) in {} slots",
             logged.len(),
@@ -465,7 +480,9 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
             .iter()
             .filter(|f| {
                 let s = f["start_ns"].as_u64().unwrap();
-                !logged.iter().any(|&(a, b)| a < s + 1_000_000 && s < b + 1_000_000)
+                !logged
+                    .iter()
+                    .any(|&(a, b)| a < s + 1_000_000 && s < b + 1_000_000)
             })
             .collect();
         assert!(

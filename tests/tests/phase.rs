@@ -11,7 +11,10 @@ use common::*;
 fn square_wave_competitor_gives_period_and_slow_share() {
     let Some(_k) = kernel() else { return };
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        skip(Need::Cpus(2), "needs two CPUs (the competitor and the probe share CPU 1)");
+        skip(
+            Need::Cpus(2),
+            "needs two CPUs (the competitor and the probe share CPU 1)",
+        );
         return;
     }
     let dir = scratch("phase");

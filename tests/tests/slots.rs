@@ -149,7 +149,10 @@ fn clock_slots_match_the_programs_own_and_heavy_slots_stand_out() {
 fn index_html_renders_in_chromium_and_sorts() {
     let Some(_k) = kernel() else { return };
     let Some(chromium) = chromium() else {
-        skip(Need::Chromium, "no Chromium (apt-get install chromium; `cargo xtask test` does)");
+        skip(
+            Need::Chromium,
+            "no Chromium (apt-get install chromium; `cargo xtask test` does)",
+        );
         return;
     };
     let (out, truth) = run_validator("html", "clock=300ms,origin={origin}", 5);

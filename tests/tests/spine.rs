@@ -318,7 +318,10 @@ fn a_target_without_frame_pointers_or_unwind_info_is_called_out() {
         .arg(&bin)
         .status();
     if !objcopy.is_ok_and(|s| s.success()) {
-        skip(Need::Tool("objcopy"), "no objcopy to remove the binary's .eh_frame");
+        skip(
+            Need::Tool("objcopy"),
+            "no objcopy to remove the binary's .eh_frame",
+        );
         return;
     }
     let out = dir.join("out");

@@ -951,7 +951,10 @@ fn a_healthy_loaded_node_makes_at_most_one_finding_per_hundred_slots_in_ten_minu
 
 fn ten_minutes_on_a_healthy_node(load_rate: Option<u32>) {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
-        skip(Need::Elsewhere, "a 10-minute run; `sudo cargo xtask validator --test` runs it");
+        skip(
+            Need::Elsewhere,
+            "a 10-minute run; `sudo cargo xtask validator --test` runs it",
+        );
         return;
     }
     let Some(_k) = kernel() else { return };
@@ -1055,7 +1058,10 @@ fn ten_minutes_on_a_healthy_node(load_rate: Option<u32>) {
 #[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
 fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
-        skip(Need::Elsewhere, "a 30-minute run; `sudo cargo xtask validator --test` runs it");
+        skip(
+            Need::Elsewhere,
+            "a 30-minute run; `sudo cargo xtask validator --test` runs it",
+        );
         return;
     }
     let minutes: u64 = std::env::var("SLOTPROF_RUN_MINUTES")
@@ -1273,7 +1279,10 @@ fn perf_chains(perf: &Path, data: &Path, binary: &str) -> Vec<Vec<String>> {
 #[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
 fn stacks_agree_with_perf_dwarf_on_the_same_node() {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
-        skip(Need::Elsewhere, "beside perf, in `sudo cargo xtask validator --test`");
+        skip(
+            Need::Elsewhere,
+            "beside perf, in `sudo cargo xtask validator --test`",
+        );
         return;
     }
     let Some(perf) = ["/usr/bin/perf", "/usr/local/bin/perf"]

@@ -77,7 +77,12 @@ fn executables(root: &Path) -> anyhow::Result<Vec<Executable>> {
         .stderr(Stdio::inherit())
         .output()
         .context("cannot run cargo")?;
-    anyhow::ensure!(out.status.success(), "`cargo {}` failed ({})", args.join(" "), out.status);
+    anyhow::ensure!(
+        out.status.success(),
+        "`cargo {}` failed ({})",
+        args.join(" "),
+        out.status
+    );
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -186,7 +191,9 @@ fn machine_has(need: &str, arg: &str, validator: bool) -> Option<bool> {
             .is_ok(),
         "memory_gib" => mem_available_gib() >= arg.parse::<f64>().unwrap_or(f64::INFINITY),
         "chromium" => Path::new("/usr/bin/chromium").is_file() || on_path("chromium"),
-        "cpus" => std::thread::available_parallelism().map_or(1, |n| n.get()) >= arg.parse().unwrap_or(usize::MAX),
+        "cpus" => {
+            std::thread::available_parallelism().map_or(1, |n| n.get()) >= arg.parse().unwrap_or(usize::MAX)
+        }
         "tool" => on_path(arg),
         "validator" => validator,
         "tracepoint" => {

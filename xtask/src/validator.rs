@@ -196,7 +196,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             outcome
         }
         Some(other) => {
-            bail!("unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test [NAME]]")
+            bail!(
+                "unknown argument {other:?}: usage: cargo xtask validator [--load TX_PER_S | --test [NAME]]"
+            )
         }
     }
 }

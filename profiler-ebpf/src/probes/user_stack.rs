@@ -28,7 +28,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{Array, LruHashMap},
+    maps::{Array, LruHashMap, PerCpuArray},
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES,
@@ -44,6 +44,16 @@ use super::{count, submit_flags, user_stack_repeat_ns, EVENTS};
 /// the entry stays this CPU's for the copy, as a per-CPU value would.
 #[map]
 static USER_STACK_SCRATCH: Array<UserStackRecord> = Array::with_max_entries(1, 0);
+
+/// Set while this CPU makes a copy in the scratch record. A cpu-clock
+/// sample is a hardware-interrupt-time program that can interrupt a
+/// tracepoint's copy on the same CPU (BTF tracepoints do not take the
+/// per-CPU BPF recursion guard the perf program checks): its own copy
+/// would overwrite the record under the interrupted one, and userspace
+/// would give the waiting records the sample's stack and lose the exit
+/// copy (the copies' length, and a slow emulated CPU, widen that window).
+#[map]
+static USER_STACK_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where each thread's outermost frame ends (userspace writes it after a
 /// complete unwind): copies stop there.
@@ -95,9 +105,26 @@ pub fn user_regs_of(task: *mut task_struct) -> Option<UserRegsNow> {
 }
 
 /// Copies the current thread's user stack into a record and sends it.
-/// Returns whether anything was copied.
+/// Returns whether anything was copied. Nothing is sent while this CPU is
+/// already making a copy (see [`USER_STACK_BUSY`]): the record waiting for
+/// this copy gets that one, which is of the same thread.
 #[inline(always)]
 pub fn send_user_stack(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
+    let Some(busy) = USER_STACK_BUSY.get_ptr_mut(0) else {
+        return false;
+    };
+    if unsafe { *busy } != 0 {
+        count(counter::USER_STACK_NESTED);
+        return false;
+    }
+    unsafe { *busy = 1 };
+    let sent = copy_and_send(regs, why, start_ns);
+    unsafe { *busy = 0 };
+    sent
+}
+
+#[inline(always)]
+fn copy_and_send(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     let Some(rec) = USER_STACK_SCRATCH.get_ptr_mut(unsafe { bpf_get_smp_processor_id() }) else {
         return false;
     };

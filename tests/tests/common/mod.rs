@@ -67,9 +67,15 @@ impl Need {
 /// then returns: libtest prints `ok`, and only this record tells a skip
 /// from a pass.
 pub fn skip(need: Need, why: impl std::fmt::Display) {
-    let word = if matches!(need, Need::Tracepoint(_)) { "UNSUPPORTED" } else { "SKIPPED" };
+    let word = if matches!(need, Need::Tracepoint(_)) {
+        "UNSUPPORTED"
+    } else {
+        "SKIPPED"
+    };
     eprintln!("{word}: {why}");
-    let Some(path) = std::env::var_os("SLOTPROF_OUTCOMES") else { return };
+    let Some(path) = std::env::var_os("SLOTPROF_OUTCOMES") else {
+        return;
+    };
     let (kind, arg) = need.tag();
     let exe = std::env::current_exe().ok();
     // A test binary is named `<target>-<hash>`.
@@ -106,7 +112,10 @@ pub fn skip(need: Need, why: impl std::fmt::Display) {
 /// run as root by `cargo xtask test`).
 pub fn kernel() -> Option<MutexGuard<'static, ()>> {
     if unsafe { libc::geteuid() } != 0 {
-        skip(Need::Root, "needs root (loads eBPF programs); run `sudo cargo xtask test`");
+        skip(
+            Need::Root,
+            "needs root (loads eBPF programs); run `sudo cargo xtask test`",
+        );
         return None;
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
