@@ -464,13 +464,36 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
             found_ns as f64 / 1e6,
             bank_locks.len()
         );
+        // Within 10% (natively: 11 of 11 waits, 557.1 of 557.3 ms). In the
+        // TCG test VMs (x5 timings, 250 ms holds), 1-3 of 10-14 logged
+        // waits have no finding and the found ones are ~15-25% shorter than
+        // the program's own measure (6.1 and 6.12, four runs: 9-13 waits,
+        // 1.86-2.95 of 2.52-3.53 s). The per-slot figures (printed there)
+        // show why: the waits with no finding are the first one or two,
+        // made while slotprof was still attaching (seconds under TCG), and
+        // the short ones (15-80 ms of a 250 ms gap) begin late: the waiter
+        // lost its vCPU before it entered the futex call, and the program's
+        // clock, read before `lock()`, counts that time too. Both are the
+        // emulator's, so the bound there stays loose.
+        let (count_tol, time_tol) = if time_scale() > 1 { (0.3, 0.35) } else { (0.1, 0.1) };
+        if time_scale() > 1 {
+            for f in &bank_locks {
+                eprintln!(
+                    "{build}: slot {} finding {} waits {:.1} ms from {}",
+                    f["slot"], f["magnitudes"]["waits"], f["magnitudes"]["wait_ms"], f["start_ns"]
+                );
+            }
+            for (a, b) in &logged {
+                eprintln!("{build}: logged wait {a}..{b} ({:.1} ms)", (b - a) as f64 / 1e6);
+            }
+        }
         assert!(
-            (waits - logged.len() as f64).abs() <= 0.1 * logged.len() as f64,
+            (waits - logged.len() as f64).abs() <= count_tol * logged.len() as f64,
             "{build}: {waits} waits in the findings, {} logged",
             logged.len()
         );
         assert!(
-            (found_ns as f64 - logged_ns as f64).abs() <= 0.1 * logged_ns as f64,
+            (found_ns as f64 - logged_ns as f64).abs() <= time_tol * logged_ns as f64,
             "{build}: {found_ns} ns of waits in the findings, {logged_ns} logged"
         );
         // The quiet slots stay quiet: every LockContention finding is in a
