@@ -253,8 +253,11 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
             src["exit_repeats_missing"].as_u64().unwrap_or(0),
         );
         eprintln!("{build}: {repeats} system call exits repeated a copy, {missing} without it");
+        // Natively ~230 in 5 s; in the TCG test VMs the loop runs slower
+        // and made 93-98 (6.1 and 6.12): half the bound there.
+        let min_repeats = if time_scale() > 1 { 50 } else { 100 };
         assert!(
-            repeats >= 100,
+            repeats >= min_repeats,
             "{build}: {repeats} repeats in 5 s of 20 ms waits: {src}"
         );
         assert!(
