@@ -1017,16 +1017,18 @@ mod tests {
         rec
     }
 
+    /// An interval of `tid` beginning at `start`, then the stack record
+    /// `rec` (the one it waits for, or not).
+    fn interval_then(u: &mut UserStacks, tid: u32, start: u64, rec: Vec<u8>, out: &mut Vec<Event>) {
+        u.feed(&offcpu(tid, start, USER_STACK_NEXT), &mut |e| out.push(e))
+            .unwrap();
+        u.feed(&rec, &mut |e| out.push(e)).unwrap();
+    }
+
     #[test]
     fn a_repeat_gets_the_threads_last_exit_copy_only_at_the_same_registers() {
         let mut u = UserStacks::default();
         let mut out = Vec::new();
-        // An interval of `tid` beginning at `start`, then the stack record it waits for.
-        let interval_then = |u: &mut UserStacks, tid: u32, start: u64, rec: Vec<u8>, out: &mut Vec<Event>| {
-            u.feed(&offcpu(tid, start, USER_STACK_NEXT), &mut |e| out.push(e))
-                .unwrap();
-            u.feed(&rec, &mut |e| out.push(e)).unwrap();
-        };
         // A copy, then a repeat of it: the same stack id.
         interval_then(
             &mut u,
@@ -1065,12 +1067,10 @@ mod tests {
         let mut out = Vec::new();
         // The interval takes a sample's copy (a sample between the
         // switch-in and the exit), at other registers than the exit's.
-        u.feed(&offcpu(7, 100, USER_STACK_NEXT), &mut |e| out.push(e))
-            .unwrap();
         let mut sample = stack_rec(7, stack_for::SAMPLE, 0, &[1; 64]);
         sample[24..32].copy_from_slice(&0x5555_1234u64.to_ne_bytes()); // ip
         sample[32..40].copy_from_slice(&0x7000_2000u64.to_ne_bytes()); // sp
-        u.feed(&sample, &mut |e| out.push(e)).unwrap();
+        interval_then(&mut u, 7, 100, sample, &mut out);
         // Then the exit's own copy, which nobody waits for any more; the
         // kernel remembers it, and the next exit at its registers repeats.
         u.feed(&stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]), &mut |e| {
@@ -1079,9 +1079,7 @@ mod tests {
         .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(u.sources.exit_copies_unclaimed, 1);
-        u.feed(&offcpu(7, 200, USER_STACK_NEXT), &mut |e| out.push(e))
-            .unwrap();
-        u.feed(&repeat_rec(7, None), &mut |e| out.push(e)).unwrap();
+        interval_then(&mut u, 7, 200, repeat_rec(7, None), &mut out);
         assert_eq!(out.len(), 2);
         assert!(is_unwound(user_id(&out[1])));
         assert_ne!(

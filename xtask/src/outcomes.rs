@@ -55,24 +55,21 @@ pub struct Row {
 /// A test executable cargo built: package, target name, path, and the
 /// directory cargo runs it in (its package's).
 #[derive(Clone, Debug)]
-struct Executable {
-    package: String,
-    target: String,
-    path: PathBuf,
-    dir: PathBuf,
+pub struct Executable {
+    pub package: String,
+    pub target: String,
+    pub path: PathBuf,
+    pub dir: PathBuf,
 }
 
-fn executables(root: &Path) -> anyhow::Result<Vec<Executable>> {
-    let args = [
-        "test",
-        "--release",
-        "--workspace",
-        "--no-run",
-        "--message-format=json",
-    ];
+/// The test executables `cargo test --release --no-run` builds with
+/// `select` (e.g. `--workspace`, or `-p slotprof-tests --test spine`).
+pub fn executables(root: &Path, select: &[&str]) -> anyhow::Result<Vec<Executable>> {
+    let mut args = vec!["test", "--release", "--no-run", "--message-format=json"];
+    args.extend(select);
     eprintln!("xtask: $ cargo {}", args.join(" "));
     let out = Command::new("cargo")
-        .args(args)
+        .args(&args)
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
@@ -162,10 +159,6 @@ fn read_skips(path: &Path) -> BTreeMap<(String, String), Skip> {
         .collect()
 }
 
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
-
 fn mem_available_gib() -> f64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -190,11 +183,11 @@ fn machine_has(need: &str, arg: &str, validator: bool) -> Option<bool> {
             .open("/dev/kvm")
             .is_ok(),
         "memory_gib" => mem_available_gib() >= arg.parse::<f64>().unwrap_or(f64::INFINITY),
-        "chromium" => Path::new("/usr/bin/chromium").is_file() || on_path("chromium"),
+        "chromium" => Path::new("/usr/bin/chromium").is_file() || crate::test_vm::on_path("chromium"),
         "cpus" => {
             std::thread::available_parallelism().map_or(1, |n| n.get()) >= arg.parse().unwrap_or(usize::MAX)
         }
-        "tool" => on_path(arg),
+        "tool" => crate::test_vm::on_path(arg),
         "validator" => validator,
         "tracepoint" => {
             let (cat, name) = arg.split_once(':').unwrap_or((arg, ""));
@@ -222,7 +215,7 @@ pub struct Options<'a> {
 /// Runs every test executable of the workspace (and the doc tests), one
 /// after another, and returns a row per test.
 pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
-    let exes = executables(root)?;
+    let exes = executables(root, &["--workspace"])?;
     let dir = crate::private_temp_dir("slotprof-outcomes")?;
     let records = dir.join("skips.jsonl");
     std::fs::write(&records, "")?;

@@ -276,7 +276,7 @@ fn tools(root: &Path) -> anyhow::Result<()> {
     crate::run_env(root, "apt-get", &args, &env)
 }
 
-fn on_path(bin: &str) -> bool {
+pub(crate) fn on_path(bin: &str) -> bool {
     which_in_path(bin).is_some()
 }
 
@@ -486,31 +486,15 @@ fn busybox(cache: &Path) -> anyhow::Result<PathBuf> {
 
 /// The e2e test executables of [`SCENARIOS`], built now: (target, path).
 fn test_executables(root: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let mut args = vec![
-        "test",
-        "--release",
-        "-p",
-        "slotprof-tests",
-        "--no-run",
-        "--message-format=json",
-    ];
+    let mut select = vec!["-p", "slotprof-tests"];
     for s in SCENARIOS {
-        args.extend(["--test", s]);
+        select.extend(["--test", s]);
     }
-    eprintln!("xtask: $ cargo {}", args.join(" "));
-    let out = output(Command::new("cargo").args(&args).current_dir(root))?;
-    let mut found = Vec::new();
-    for line in out.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str()) else {
-            continue;
-        };
-        if SCENARIOS.contains(&name) {
-            found.push((name.to_string(), PathBuf::from(exe)));
-        }
-    }
+    let found: Vec<(String, PathBuf)> = crate::outcomes::executables(root, &select)?
+        .into_iter()
+        .filter(|e| SCENARIOS.contains(&e.target.as_str()))
+        .map(|e| (e.target, e.path))
+        .collect();
     anyhow::ensure!(
         found.len() == SCENARIOS.len(),
         "cargo built {found:?}, wanted {SCENARIOS:?}"
