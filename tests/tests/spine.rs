@@ -92,6 +92,10 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
         "{waiter:?}"
     );
     let sleeper = waker_of("sleeper");
+    assert!(
+        !sleeper.is_empty(),
+        "no sleeper interval among the longest: {longest:?}"
+    );
     assert!(sleeper.iter().all(|w| w == "timer"), "{sleeper:?}");
     // Nothing dropped for want of room. A stack whose hash collides with a
     // different stack in the kernel's stack map is counted as lost, never

@@ -341,7 +341,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (about 35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, run (10 min) or validator (25 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;

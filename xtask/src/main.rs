@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
 //! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
-//! - `cargo xtask test`:  set up, build, fmt + clippy, every test (root tests when root).
+//! - `cargo xtask test [FILTER]`: set up, build, fmt + clippy, every test (root tests when root;
+//!   with FILTER only the host tests whose name contains it).
 //! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
@@ -26,7 +27,7 @@ fn main() -> ExitCode {
         Some("setup") => setup::run(&root()),
         Some("build") => setup::run(&root()).and_then(|_| build(&root())),
         Some("demo") => demo(&root()),
-        Some("test") => test(&root()),
+        Some("test") => test(&root(), args.get(1).map(String::as_str)),
         Some("test-vm") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| test_vm::run(&root(), &args[1..]))
@@ -42,7 +43,7 @@ fn main() -> ExitCode {
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]>"
+                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]>"
             );
             return ExitCode::from(2);
         }
@@ -198,7 +199,10 @@ fn demo(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn test(root: &Path) -> anyhow::Result<()> {
+/// `cargo xtask test [FILTER]`: everything, or (with FILTER) only the
+/// host tests whose name contains FILTER, as libtest filters them (no test
+/// VMs, no doc tests); the table and the closing line either way.
+fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
     setup::run(root)?;
     setup::test_tools(root)?;
     build(root)?;
@@ -240,8 +244,17 @@ fn test(root: &Path) -> anyhow::Result<()> {
                 env: &env,
                 ci,
                 validator: node.is_some(),
+                filter,
             },
         )?);
+        if let Some(f) = filter {
+            eprintln!("xtask: the test VMs are not run: only the host tests matching {f:?} were asked for");
+            let failed = outcomes::print_summary(&rows);
+            if failed > 0 {
+                bail!("{failed} test(s) failed (see the table above)");
+            }
+            return Ok(());
+        }
         // The detector e2e tests again, in QEMU on Debian's kernels.
         let kernels: Vec<String> = test_vm::DEFAULT_KERNELS
             .iter()
@@ -266,6 +279,7 @@ fn test(root: &Path) -> anyhow::Result<()> {
                 env: &[],
                 ci,
                 validator: false,
+                filter,
             },
         )?);
         eprintln!(

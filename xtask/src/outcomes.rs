@@ -210,6 +210,9 @@ pub struct Options<'a> {
     pub ci: bool,
     /// Whether the real validator's binary is here (for its skips).
     pub validator: bool,
+    /// Only the tests whose name contains this (libtest's filter); the doc
+    /// tests are left out then.
+    pub filter: Option<&'a str>,
 }
 
 /// Runs every test executable of the workspace (and the doc tests), one
@@ -226,6 +229,7 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
             if opts.include_ignored {
                 args.push("--include-ignored");
             }
+            args.extend(opts.filter);
             eprintln!(
                 "xtask: $ {} {} ({} {})",
                 exe.path.display(),
@@ -294,6 +298,9 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
                     note: format!("exited with {status}"),
                 });
             }
+        }
+        if opts.filter.is_some() {
+            return anyhow::Ok(());
         }
         // The doc tests, as cargo runs them (one row for them all).
         let doc = crate::run(root, "cargo", &["test", "--release", "--workspace", "--doc"]);
