@@ -97,7 +97,15 @@ fn adjacent_counters_are_the_top_line_and_the_padded_twin_is_clean() {
     );
     assert!(top["magnitudes"]["atomic_rmw"].as_f64().unwrap() > 0.0);
     // What the machine's own caches make CPUs 0 and 1: one L3 on this
-    // development VM, two in the QEMU test VMs (two sockets).
+    // development VM, two in the QEMU test VMs (two sockets), where the
+    // cause must be cross-CCX.
+    if two_l3_vm() {
+        assert_eq!(
+            expected_cause(),
+            "cross-CCX",
+            "the test VM's sysfs should show two L3 caches"
+        );
+    }
     assert_eq!(top["cause"], expected_cause(), "{top}");
 
     let (f, _) = run("fs-counters-padded", "counters", true, None);
@@ -111,8 +119,21 @@ fn the_incidents_rwlock_shape_is_found_and_says_cross_ccx_when_the_ccxs_differ()
     if !needs_two_cpus() {
         return;
     }
-    // Present the two CPUs as two CCXs (threads are pinned to 0 and 1).
-    let (f, truth) = run("fs-rwlock", "rwlock", false, Some("# test topology\n0\n1\n"));
+    // In the test VMs CPUs 0 and 1 are two sockets, two L3 domains in the
+    // guest's own sysfs: slotprof reads the topology itself. Elsewhere
+    // (one L3 here) a topology file presents the two CPUs as two CCXs
+    // (threads are pinned to 0 and 1).
+    let topology = if two_l3_vm() {
+        assert_eq!(
+            expected_cause(),
+            "cross-CCX",
+            "the test VM's CPUs 0 and 1 should have two L3 caches in sysfs"
+        );
+        None
+    } else {
+        Some("# test topology\n0\n1\n")
+    };
+    let (f, truth) = run("fs-rwlock", "rwlock", false, topology);
     let top = f.first().unwrap_or_else(|| panic!("no CacheLinePingPong"));
     assert_eq!(
         top["magnitudes"]["line"].as_f64().unwrap() as u64,
@@ -126,8 +147,14 @@ fn the_incidents_rwlock_shape_is_found_and_says_cross_ccx_when_the_ccxs_differ()
     assert_eq!(top["cause"], "cross-CCX", "{top}");
     assert!(top["magnitudes"]["loads"].as_f64().unwrap() > 0.0);
 
-    let (f, _) = run("fs-rwlock-padded", "rwlock", true, Some("0\n1\n"));
+    let (f, _) = run("fs-rwlock-padded", "rwlock", true, topology.map(|_| "0\n1\n"));
     assert!(f.is_empty(), "padded twin: {f:?}");
+}
+
+/// Whether this is a test VM whose CPUs 0 and 1 are two sockets (`cargo
+/// xtask test-vm` sets `SLOTPROF_TEST_VM_SOCKETS=2`).
+fn two_l3_vm() -> bool {
+    std::env::var("SLOTPROF_TEST_VM_SOCKETS").is_ok_and(|v| v == "2")
 }
 
 /// The cause slotprof should give a line shared by CPUs 0 and 1, from

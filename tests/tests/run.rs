@@ -221,6 +221,7 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
         .filter(|&n| !leader(n) && !stalls.contains(&n))
         .collect();
     let summarised = quiet.iter().filter(|n| lines.contains_key(n)).count();
+    assert!(!quiet.is_empty(), "no quiet slot to check");
     assert!(
         summarised as f64 >= 0.9 * quiet.len() as f64,
         "{summarised} of {} quiet slots have a summary line",
@@ -250,7 +251,25 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
         }
     }
     eprintln!("findings.json {by_kind:?}; /metrics {metric_kinds:?}");
+    assert!(
+        by_kind.contains_key("LockContention"),
+        "findings.json has no LockContention: {by_kind:?}"
+    );
     assert_eq!(metric_kinds, by_kind, "/metrics and findings.json disagree");
+    // The quiet slots stay quiet: LockContention only in the slots where
+    // the program waited for its bank lock (its log says which).
+    let stray: Vec<Option<u64>> = read_json(&export.join("findings.json"))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "LockContention")
+        .map(|f| f["slot"].as_u64())
+        .filter(|n| !n.is_some_and(|n| stalls.contains(&n)))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "LockContention in slots where the program waited for no lock: {stray:?}"
+    );
     let lost: f64 = scrape
         .samples
         .iter()

@@ -32,8 +32,11 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
         stall_program("stall-spin-sleep").to_str().unwrap(),
         "--seconds",
         "4",
+        // The summary lists the 20 longest intervals: ~13 sleeps of
+        // 300 ms, the main thread's one wait, and the rest 30 ms waits of
+        // the waiter and the poker, so all three kinds are there.
         "--sleep-ms",
-        "20",
+        "300",
         "--report",
         report.to_str().unwrap(),
     ]);
@@ -97,6 +100,9 @@ fn hot_function_and_blocking_call_are_where_the_program_says() {
         "no sleeper interval among the longest: {longest:?}"
     );
     assert!(sleeper.iter().all(|w| w == "timer"), "{sleeper:?}");
+    // The poker naps on a timer too.
+    let poker = waker_of("poker");
+    assert!(poker.iter().all(|w| w == "timer"), "{poker:?}");
     // Nothing dropped for want of room. A stack whose hash collides with a
     // different stack in the kernel's stack map is counted as lost, never
     // mislabelled; in a TCG test VM, where every sample's IP differs, a few

@@ -49,7 +49,10 @@ const fn variant(name: &'static str, through: &'static str, pairs: u32, tool: To
     }
 }
 
-const VARIANTS: [Variant; 13] = [
+/// Every storm runs alone, under slotprof with all probes, and under both
+/// perf jobs (the one-pair futex storm also under slotprof without the
+/// detector probes), so each tool is compared on the same storm.
+const VARIANTS: [Variant; 17] = [
     variant("alone", "futex", 1, Tool::Alone),
     variant(
         "slotprof, on/off-CPU probes only (--no-detector-probes)",
@@ -63,32 +66,29 @@ const VARIANTS: [Variant; 13] = [
         1,
         Tool::Slotprof(&[]),
     ),
-    variant("perf trace -e futex,madvise", "futex", 1, Tool::PerfTrace),
+    variant(PERF_TRACE, "futex", 1, Tool::PerfTrace),
+    variant(PERF_SWITCH, "futex", 1, Tool::PerfSwitch),
     variant("alone", "pipe", 1, Tool::Alone),
     variant("slotprof, all probes", "pipe", 1, Tool::Slotprof(&[])),
-    variant(
-        "perf record -e sched:sched_switch -g",
-        "pipe",
-        1,
-        Tool::PerfSwitch,
-    ),
+    variant(PERF_TRACE, "pipe", 1, Tool::PerfTrace),
+    variant(PERF_SWITCH, "pipe", 1, Tool::PerfSwitch),
     variant("alone", "futex", 2, Tool::Alone),
     variant("slotprof, all probes", "futex", 2, Tool::Slotprof(&[])),
-    variant("perf trace -e futex,madvise", "futex", 2, Tool::PerfTrace),
+    variant(PERF_TRACE, "futex", 2, Tool::PerfTrace),
+    variant(PERF_SWITCH, "futex", 2, Tool::PerfSwitch),
     variant("alone", "pipe", 2, Tool::Alone),
     variant("slotprof, all probes", "pipe", 2, Tool::Slotprof(&[])),
-    variant(
-        "perf record -e sched:sched_switch -g",
-        "pipe",
-        2,
-        Tool::PerfSwitch,
-    ),
+    variant(PERF_TRACE, "pipe", 2, Tool::PerfTrace),
+    variant(PERF_SWITCH, "pipe", 2, Tool::PerfSwitch),
 ];
+
+const PERF_TRACE: &str = "perf trace -e futex,madvise";
+const PERF_SWITCH: &str = "perf record -e sched:sched_switch -g";
 
 /// The variants with all slotprof probes on the futex storm, one pair and
 /// two (those whose per-program costs are reported).
 const ALL_PROBES: usize = 2;
-const ALL_PROBES_2: usize = 8;
+const ALL_PROBES_2: usize = 10;
 
 fn bin(root: &Path, name: &str) -> PathBuf {
     root.join("target/release").join(name)
@@ -1323,4 +1323,35 @@ fn validator_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     }
     md.push_str(&String::from_utf8_lossy(&out.stdout));
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_storm_runs_under_every_tool_and_the_per_program_runs_are_all_probes() {
+        for (through, pairs) in [("futex", 1), ("pipe", 1), ("futex", 2), ("pipe", 2)] {
+            let tools: Vec<Tool> = VARIANTS
+                .iter()
+                .filter(|v| v.through == through && v.pairs == pairs)
+                .map(|v| v.tool)
+                .collect();
+            for want in [
+                Tool::Alone,
+                Tool::Slotprof(&[]),
+                Tool::PerfTrace,
+                Tool::PerfSwitch,
+            ] {
+                assert!(
+                    tools.contains(&want),
+                    "{through}, {pairs} pair(s) lacks a variant"
+                );
+            }
+        }
+        for (i, pairs) in [(ALL_PROBES, 1), (ALL_PROBES_2, 2)] {
+            let v = &VARIANTS[i];
+            assert!(v.through == "futex" && v.pairs == pairs && v.tool == Tool::Slotprof(&[]));
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
 //! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
 //! - `cargo xtask test [FILTER]`: set up, build, fmt + clippy, every test (root tests when root;
-//!   with FILTER only the host tests whose name contains it).
+//!   with FILTER only the host tests whose name contains it; `BINARY::NAME`,
+//!   as the table writes a test, runs only that test executable).
 //! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.

@@ -215,6 +215,22 @@ pub struct Options<'a> {
     pub filter: Option<&'a str>,
 }
 
+/// What one test executable is given of the user's filter, or `None` to
+/// leave it out: `BINARY::REST` (as the table writes a test, e.g.
+/// `phase::a_steady`), where BINARY names one of the test executables
+/// (`-` and `_` alike), runs only that executable with the filter REST;
+/// any other filter goes to every executable as it is.
+fn split_filter<'f>(filter: Option<&'f str>, target: &str, targets: &[&str]) -> Option<Option<&'f str>> {
+    let same = |a: &str, b: &str| a.replace('-', "_") == b.replace('-', "_");
+    let Some(f) = filter else { return Some(None) };
+    match f.split_once("::") {
+        Some((bin, rest)) if targets.iter().any(|t| same(t, bin)) => {
+            same(target, bin).then_some(Some(rest).filter(|r| !r.is_empty()))
+        }
+        _ => Some(Some(f)),
+    }
+}
+
 /// Runs every test executable of the workspace (and the doc tests), one
 /// after another, and returns a row per test.
 pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
@@ -224,12 +240,16 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
     std::fs::write(&records, "")?;
     let mut rows = Vec::new();
     let result = (|| {
+        let targets: Vec<&str> = exes.iter().map(|e| e.target.as_str()).collect();
         for exe in &exes {
+            let Some(filter) = split_filter(opts.filter, &exe.target, &targets) else {
+                continue;
+            };
             let mut args: Vec<&str> = Vec::new();
             if opts.include_ignored {
                 args.push("--include-ignored");
             }
-            args.extend(opts.filter);
+            args.extend(filter);
             eprintln!(
                 "xtask: $ {} {} ({} {})",
                 exe.path.display(),
@@ -380,6 +400,25 @@ mod tests {
         assert_eq!(parse_line("test result: ok. 3 passed; 0 failed"), None);
         assert_eq!(parse_line("test z has been running for over 60 seconds"), None);
         assert_eq!(parse_line("running 3 tests"), None);
+    }
+
+    #[test]
+    fn a_filter_names_an_executable_as_the_table_does_or_goes_to_all() {
+        let t = ["spine", "stall-gaps", "profiler"];
+        assert_eq!(split_filter(None, "spine", &t), Some(None));
+        assert_eq!(split_filter(Some("hot"), "spine", &t), Some(Some("hot")));
+        assert_eq!(split_filter(Some("spine::hot"), "spine", &t), Some(Some("hot")));
+        assert_eq!(split_filter(Some("spine::hot"), "profiler", &t), None);
+        assert_eq!(split_filter(Some("spine::"), "spine", &t), Some(None));
+        assert_eq!(
+            split_filter(Some("stall_gaps::x"), "stall-gaps", &t),
+            Some(Some("x"))
+        );
+        // A module path inside an executable is a plain filter.
+        assert_eq!(
+            split_filter(Some("detectors::lock::tests"), "profiler", &t),
+            Some(Some("detectors::lock::tests"))
+        );
     }
 
     #[test]

@@ -556,6 +556,9 @@ fn build_initramfs(
     if !cpu_has_virtualization() {
         script.push_str(&format!("export SLOTPROF_TEST_TIME_SCALE={TCG_TIME_SCALE}\n"));
     }
+    // CPUs 0 and 1 are two sockets (QEMU's -smp below): two L3 domains in
+    // the guest's sysfs, which the cache-line tests assert on.
+    script.push_str("export SLOTPROF_TEST_VM_SOCKETS=2\n");
     for (name, exe) in tests {
         files.insert(exe.clone());
         for test in list_tests(exe)?.into_iter().filter(|t| wanted(name, t)) {
