@@ -352,6 +352,59 @@ mod tests {
     }
 
     #[test]
+    fn clock_and_uprobe_options_are_checked_at_their_edges() {
+        let err = |s: &str| s.parse::<SlotSourceSpec>().unwrap_err();
+        assert!("clock=1ms".parse::<SlotSourceSpec>().is_ok());
+        assert!(err("clock=999us").contains("at least 1ms"));
+        assert!("clock=400ms,leader=4/4".parse::<SlotSourceSpec>().is_ok());
+        assert!(err("clock=400ms,leader=5/4").contains("K/M"));
+        assert!(err("clock=400ms,leader=0/0").contains("K/M"));
+        assert!(err("clock=400ms,origin=soon").contains("origin"));
+        assert!(err("clock=400ms,jitter=1").contains("unknown clock option"));
+        assert!(err("uprobe=:set_bank").contains("BINARY:FUNCTION"));
+        assert!(err("uprobe=/bin/x:").contains("BINARY:FUNCTION"));
+        assert!(err("uprobe=/bin/x:f,slot=arg1").contains("unknown uprobe option"));
+        match "uprobe=/bin/x:f,slot=arg0".parse::<SlotSourceSpec>().unwrap() {
+            SlotSourceSpec::Uprobe { numbers, rpc, .. } => {
+                assert_eq!(numbers, SlotNumbers::FirstArgument);
+                assert!(rpc.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_slot_lasts_from_start_to_end_and_never_less_than_nothing() {
+        assert_eq!(slot(0, 10, 25).duration_ns(), 15);
+        assert_eq!(slot(0, 25, 10).duration_ns(), 0);
+    }
+
+    #[test]
+    fn monotonic_ns_is_clock_monotonic_in_nanoseconds() {
+        // Across a second boundary (so that seconds and nanoseconds both
+        // count), its advance matches std's monotonic Instant to a
+        // millisecond.
+        let before = std::time::Instant::now();
+        let a = monotonic_ns();
+        std::thread::sleep(Duration::from_millis(1100));
+        let b = monotonic_ns();
+        let outer = before.elapsed().as_nanos() as u64;
+        let d = b - a;
+        assert!(d <= outer && d + MS >= outer, "{d} ns vs {outer} ns");
+        // And it is the kernel's CLOCK_MONOTONIC, which never runs ahead
+        // of CLOCK_BOOTTIME (/proc/uptime, 10 ms resolution).
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let now = monotonic_ns() as f64 / 1e9;
+        assert!(now <= uptime + 0.02 && now > 1.0, "{now} s vs uptime {uptime} s");
+    }
+
+    #[test]
     fn overlapping_slots_are_cut() {
         let t = Timeline::new(vec![slot(0, 0, 15), slot(1, 10, 20)]);
         assert_eq!(t.slots()[0].end_ns, 10);

@@ -297,3 +297,98 @@ pub(crate) mod test_support {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{test_support::*, *};
+
+    const MS: u64 = 1_000_000;
+
+    fn inputs<'a>(
+        madvise: &'a [MadviseCall],
+        marks: &'a [LoopMark],
+        names: &'a HashMap<u32, String>,
+    ) -> Inputs<'a> {
+        Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise,
+            futex: &[],
+            loop_marks: marks,
+            short_futex: &[],
+            thread_names: names,
+        }
+    }
+
+    #[test]
+    fn hot_threads_are_the_named_ones_and_the_loop_thread() {
+        let names = HashMap::from([
+            (1, "main".to_string()),
+            (2, "solBnkTxSched".to_string()),
+            (3, "solPohTickProd".to_string()),
+            (4, "solBnkTxSched".to_string()),
+            (5, "other".to_string()),
+        ]);
+        let inp = inputs(&[], &[], &names);
+        let config = DetectorConfig {
+            hot_threads: vec!["solBnkTxSched".into()],
+            loop_thread: Some(LoopThread::Name("solPohTickProd".into())),
+            ..DetectorConfig::default()
+        };
+        let mut hot = inp.hot_tids(&config);
+        hot.sort_unstable();
+        assert_eq!(hot, [2, 3, 4]);
+        assert_eq!(inp.hot_tids(&DetectorConfig::default()), Vec::<u32>::new());
+        // Without a name, the thread that calls the loop function.
+        let marks = [mark(5, 0), mark(5, MS)];
+        let inp = inputs(&[], &marks, &names);
+        assert_eq!(inp.hot_tids(&DetectorConfig::default()), [5]);
+        let by_tid = DetectorConfig {
+            loop_thread: Some(LoopThread::Tid(9)),
+            ..DetectorConfig::default()
+        };
+        assert_eq!(inp.hot_tids(&by_tid), [9]);
+    }
+
+    #[test]
+    fn run_all_runs_every_detector_and_orders_findings_by_time() {
+        let names = HashMap::from([(1, "main".to_string())]);
+        // A 30 ms gap in a 2 ms loop at 300 ms, and ten 0.3 ms purges from
+        // 10 ms on the same (loop, so hot) thread.
+        let mut marks: Vec<_> = (0..200).map(|i| mark(1, i * 2 * MS)).collect();
+        marks.retain(|m| !(m.ts_ns > 300 * MS && m.ts_ns < 330 * MS));
+        let calls: Vec<_> = (0..10)
+            .map(|i| madvise(1, 10 * MS + i * 10 * MS, 300_000, 1 << 20, 5))
+            .collect();
+        let inp = inputs(&calls, &marks, &names);
+        let mut n = namer(HashMap::from([(5, vec!["main", "drop_bank", "madvise"])]));
+        let f = run_all(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        let kinds: Vec<_> = f.iter().map(|f| (f.kind, f.start_ns / MS)).collect();
+        assert_eq!(kinds, [("SyncAllocatorPurge", 10), ("MainLoopGap", 300)], "{f:?}");
+    }
+
+    #[test]
+    fn buckets_are_slots_or_nominal_400_ms_windows() {
+        let b = Buckets::new(None, 100);
+        assert_eq!(b.of(100), Some((None, 0)));
+        assert_eq!(b.of(100 + 400 * MS), Some((None, 1)));
+        assert_eq!(b.of(50), Some((None, 0)));
+        let t = Timeline::clock(std::time::Duration::from_millis(400), 0, None, 0, 800 * MS);
+        let b = Buckets::new(Some(&t), 0);
+        assert_eq!(b.of(401 * MS), Some((Some(1), 1)));
+        assert_eq!(b.of(900 * MS), None);
+        // An empty timeline is no timeline.
+        let empty = Timeline::new(Vec::new());
+        assert_eq!(Buckets::new(Some(&empty), 0).of(5), Some((None, 0)));
+    }
+
+    #[test]
+    fn overlap_and_milliseconds() {
+        assert_eq!(overlap(0, 10, 5, 20), 5);
+        assert_eq!(overlap(0, 10, 10, 20), 0);
+        assert_eq!(overlap(5, 6, 0, 20), 1);
+        assert_eq!(ms(1_234_567), 1.23);
+        assert_eq!(ms(1_235_000), 1.24);
+    }
+}
