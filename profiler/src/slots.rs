@@ -405,6 +405,13 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_of_no_length_takes_no_share() {
+        let t = Timeline::new(vec![slot(0, 0, 10), slot(1, 10, 10), slot(2, 10, 20)]);
+        assert_eq!(t.split(5, 15), vec![(0, 5), (2, 5)]);
+        assert_eq!(t.split(7, 7), vec![]);
+    }
+
+    #[test]
     fn overlapping_slots_are_cut() {
         let t = Timeline::new(vec![slot(0, 0, 15), slot(1, 10, 20)]);
         assert_eq!(t.slots()[0].end_ns, 10);

@@ -183,6 +183,27 @@ mod tests {
     }
 
     #[test]
+    fn wilson_lower_bounds_match_an_independent_computation() {
+        // Computed in Python with the algebraically different form
+        // (k + z²/2)/(n + z²) - z·√n/(n + z²)·√(p(1-p) + z²/4n), z = 1.96:
+        //   python3 -c "import math; z=1.96; c=lambda k,n: n+z*z; \
+        //     print((k+z*z/2)/c(k,n) - z*math.sqrt(n)/c(k,n)*math.sqrt((k/n)*(1-k/n)+z*z/(4*n)))"
+        for (k, n, want) in [
+            (3, 48, 0.021482843131227225),
+            (80, 200, 0.3346046396837894),
+            (30, 300, 0.07094746564722294),
+            (1, 1, 0.2065432914738929),
+            (5, 7, 0.35892909014821267),
+            (0, 10, 0.0),
+        ] {
+            let got = wilson_lower(k, n);
+            assert!((got - want).abs() < 1e-12, "{k}/{n}: {got} vs {want}");
+        }
+        // More hits than samples count as all of them.
+        assert_eq!(wilson_lower(9, 7), wilson_lower(7, 7));
+    }
+
+    #[test]
     fn a_share_from_a_handful_of_samples_is_not_enough() {
         // The real node's false line: 3 of 48 samples, 6.2%.
         assert!(wilson_lower(3, 48) < 0.05);
