@@ -24,6 +24,7 @@ pub mod phase;
 pub mod privileges;
 pub mod probes;
 pub mod report;
+pub mod ring_reader;
 pub mod run;
 pub mod session;
 pub mod slot_export;

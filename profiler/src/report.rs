@@ -197,6 +197,9 @@ pub struct Counts {
 #[derive(Debug, Default, Serialize)]
 pub struct Lost {
     pub ring_buffer_full: u64,
+    /// Copied out of the ring but dropped: slotprof's own queue was at its
+    /// bound (its processing stopped for seconds).
+    pub backlog_full: u64,
     pub stacks: u64,
     pub offcpu_map_full: u64,
     pub syscall_map_full: u64,
@@ -205,14 +208,15 @@ pub struct Lost {
 }
 
 impl Lost {
-    pub fn new(c: &Counters, malformed: u64) -> Self {
+    pub fn new(c: &Counters, malformed: u64, backlog_full: u64) -> Self {
         Self {
             ring_buffer_full: c.ring_full,
+            backlog_full,
             stacks: c.stack_lost,
             offcpu_map_full: c.offcpu_start_lost,
             syscall_map_full: c.syscall_start_lost,
             malformed_records: malformed,
-            total: c.lost() + malformed,
+            total: c.lost() + malformed + backlog_full,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 use anyhow::Context;
 use flamegraphs::pprof::{ProfileMeta, SampleType};
 use symbolizer::Symbolizer;
-use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+use tokio::signal::unix::SignalKind;
 
 use crate::{
     aggregate::{Aggregator, StackNamer, StackTable},
@@ -135,11 +135,7 @@ pub async fn run(
     for w in &attach_warnings {
         eprintln!("slotprof: warning: {w}");
     }
-    let ring = probes.take_events()?;
-    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
-    // owns the ring buffer.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    let mut ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
     let started = Instant::now();
     let started_mono = monotonic_ns();
     let started_unix = std::time::SystemTime::now()
@@ -185,11 +181,10 @@ pub async fn run(
     let mut recent_ids: [Vec<i32>; 2] = Default::default();
     let stop = loop {
         tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
-                guard.clear_ready();
-            }
+            batch = ring.recv() => match batch {
+                Some(batch) => feed(&batch, &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user),
+                None => anyhow::bail!("the ring buffer's reader thread ended"),
+            },
             _ = sleep_until(deadline) => break Stop::Duration,
             _ = sigint.recv() => break Stop::Interrupted,
             _ = sigterm.recv() => break Stop::Interrupted,
@@ -212,7 +207,7 @@ pub async fn run(
                     }
                 }
                 {
-                    drain(ring.get_mut(), &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
+                    drain(&mut ring, &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
                     stacks.user.expire(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
                     probes.set_stack_tops(&stacks.user.take_stack_tops());
                     let in_flight = probes.in_flight_offcpu();
@@ -224,7 +219,7 @@ pub async fn run(
                     recent_ids[0].clear();
                 }
                 if progress && ticks.is_multiple_of(4) {
-                    let lost = probes.counters().map(|c| c.lost()).unwrap_or(0);
+                    let lost = probes.counters().map(|c| c.lost()).unwrap_or(0) + ring.dropped();
                     show_progress(started.elapsed(), opts.duration, &agg, lost);
                 }
             }
@@ -250,8 +245,9 @@ pub async fn run(
         let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
         crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
     };
+    let kernel_ring = ring.finish();
     drain(
-        ring.get_mut(),
+        &mut ring,
         &mut agg,
         &slot_log,
         saved.as_mut(),
@@ -315,7 +311,9 @@ pub async fn run(
         .probe_stats
         .then(|| report::ProbeCost::new(probes.costs(), elapsed));
     // Detach and unload now: nothing below needs the kernel side.
+    let backlog_full = ring.dropped();
     drop(ring);
+    drop(kernel_ring);
     drop(probes);
 
     let profiles = agg
@@ -445,13 +443,14 @@ pub async fn run(
     if let Some(advice) = &frame_pointers.advice {
         warnings.push(advice.clone());
     }
-    let lost = Lost::new(&counters, agg.malformed);
+    let lost = Lost::new(&counters, agg.malformed, backlog_full);
     if lost.total > 0 {
         warnings.push(format!(
-            "{} events were lost (ring buffer full: {}, stacks: {}, off-CPU map full: {}, syscall map full: {}, \
-             malformed: {}): lower --freq or raise --min-offcpu",
+            "{} events were lost (ring buffer full: {}, slotprof's queue full: {}, stacks: {}, off-CPU map full: {}, \
+             syscall map full: {}, malformed: {}): lower --freq or raise --min-offcpu",
             lost.total,
             lost.ring_buffer_full,
+            lost.backlog_full,
             lost.stacks,
             lost.offcpu_map_full,
             lost.syscall_map_full,
@@ -659,9 +658,22 @@ fn code_is_mapped(target: &Target) -> bool {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Feeds every batch the reader has queued.
 fn drain(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    ring: &mut crate::ring_reader::RingReader,
+    agg: &mut Aggregator,
+    slot_log: &SharedSlotLog,
+    mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
+    stack_ids: &mut Vec<i32>,
+    user: &mut crate::user_stacks::UserStacks,
+) {
+    while let Some(batch) = ring.try_recv() {
+        feed(&batch, agg, slot_log, saved.as_deref_mut(), stack_ids, user);
+    }
+}
+
+fn feed(
+    batch: &crate::ring_reader::Batch,
     agg: &mut Aggregator,
     slot_log: &SharedSlotLog,
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
@@ -669,14 +681,14 @@ fn drain(
     user: &mut crate::user_stacks::UserStacks,
 ) {
     user.begin_batch();
-    while let Some(item) = ring.next() {
+    for item in batch.records() {
         if let Some(w) = saved.as_deref_mut() {
-            if events::write_raw(w, &item).is_err() {
+            if events::write_raw(w, item).is_err() {
                 agg.malformed += 1;
             }
         }
         if user
-            .feed(&item, &mut |e| ingest(agg, slot_log, stack_ids, e))
+            .feed(item, &mut |e| ingest(agg, slot_log, stack_ids, e))
             .is_err()
         {
             agg.malformed += 1;

@@ -27,7 +27,7 @@ use anyhow::Context;
 use flamegraphs::pprof::{ProfileMeta, SampleType};
 use profiler_ebpf::{OffCpuInterval, OffCpuStart};
 use symbolizer::Symbolizer;
-use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+use tokio::signal::unix::SignalKind;
 
 use crate::{
     aggregate::{Aggregator, StackNamer},
@@ -549,11 +549,7 @@ async fn follow(
             p.error.as_deref().unwrap_or("unknown error")
         );
     }
-    let ring = probes.take_events()?;
-    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
-    // owns the ring buffer.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    let mut ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
     let origin = monotonic_ns();
     eprintln!(
         "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
@@ -590,6 +586,7 @@ async fn follow(
     let mut processed_until = origin;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks = 0u64;
+    let mut losses = LossReport::default();
     let mut chunk = Chunk {
         config: config.clone(),
         detector_config: detector_config(config),
@@ -599,11 +596,10 @@ async fn follow(
     };
     let end = loop {
         tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut pending, &slot_log, &mut stacks.user);
-                guard.clear_ready();
-            }
+            batch = ring.recv() => match batch {
+                Some(batch) => feed(&batch, &mut pending, &slot_log, &mut stacks.user),
+                None => anyhow::bail!("the ring buffer's reader thread ended"),
+            },
             e = signals.next() => match e {
                 End::Hup => match load(o) {
                     Ok(new) if needs_reattach(&chunk.config, &new) => break End::Reload(Box::new(new)),
@@ -628,7 +624,7 @@ async fn follow(
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
                 }
-                drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user);
+                drain(&mut ring, &mut pending, &slot_log, &mut stacks.user);
                 stacks.user.expire(&mut |e| pending.push(&slot_log, e));
                 probes.set_stack_tops(&stacks.user.take_stack_tops());
                 // A slot is cut once every record that began in it is
@@ -639,12 +635,17 @@ async fn follow(
                 let now = monotonic_ns();
                 let ready = stacks.user.oldest_held_start_ns().map_or(now, |t| now.min(t + GRACE_NS));
                 let done = finished_slots(&slot_source, &slot_log, origin, processed_until, ready);
+                let began = std::time::Instant::now();
                 if !done.is_empty() {
                     processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
                     slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
                 }
                 chunk.exporter.refresh(false)?;
-                update_lost(snapshot, &probes, &pending, lost_before, false);
+                losses.busy(began.elapsed(), ring.queued_bytes());
+                let now = update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, false);
+                if let Some(line) = losses.check(&now, done.first().map(|s| s.number)) {
+                    eprintln!("{line}");
+                }
                 if !alive {
                     break End::TargetExited;
                 }
@@ -653,7 +654,8 @@ async fn follow(
     };
     // What ended before now is written; the slot in progress is not (it
     // would be a partial slot).
-    drain(ring.get_mut(), &mut pending, &slot_log, &mut stacks.user);
+    let kernel_ring = ring.finish();
+    drain(&mut ring, &mut pending, &slot_log, &mut stacks.user);
     stacks.user.flush(&mut |e| pending.push(&slot_log, e));
     let now = monotonic_ns() + GRACE_NS;
     let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
@@ -668,7 +670,7 @@ async fn follow(
             phase.as_mut(),
         )?;
     }
-    update_lost(snapshot, &probes, &pending, lost_before, true);
+    update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, true);
     if let Some(t) = source_task {
         t.abort();
     }
@@ -676,6 +678,7 @@ async fn follow(
         p.probe.stop();
     }
     drop(ring);
+    drop(kernel_ring);
     drop(probes);
     let meta = meta(&target, &chunk.config);
     chunk.exporter.flush(&meta)?;
@@ -706,12 +709,16 @@ fn update_lost(
     snapshot: &Arc<Mutex<Snapshot>>,
     probes: &Probes,
     pending: &Pending,
+    backlog_full: u64,
     before: &mut HashMap<String, u64>,
     last: bool,
-) {
-    let Ok(c) = probes.counters() else { return };
+) -> Vec<(&'static str, u64)> {
+    let Ok(c) = probes.counters() else {
+        return Vec::new();
+    };
     let now = [
         ("ring_buffer_full", c.ring_full),
+        ("backlog_full", backlog_full),
         ("stacks", c.stack_lost),
         ("offcpu_map_full", c.offcpu_start_lost),
         ("syscall_map_full", c.syscall_start_lost),
@@ -728,17 +735,81 @@ fn update_lost(
             *before.entry(k.to_string()).or_default() += v;
         }
     }
+    now.to_vec()
 }
 
+/// Says when events are lost, by cause, at most once a minute, with the
+/// longest stretch slotprof's own loop was busy and the most it had
+/// queued since the last report: a loss is never silent, and the line
+/// says whether slotprof (busy for seconds) or the event rate was why.
+#[derive(Default)]
+struct LossReport {
+    said: HashMap<&'static str, u64>,
+    last: Option<std::time::Instant>,
+    busiest: Duration,
+    most_queued: usize,
+}
+
+impl LossReport {
+    fn busy(&mut self, took: Duration, queued: usize) {
+        self.busiest = self.busiest.max(took);
+        self.most_queued = self.most_queued.max(queued);
+    }
+
+    /// The line to print, when something was lost since the last one (a
+    /// minute ago or more).
+    fn check(&mut self, now: &[(&'static str, u64)], slot: Option<u64>) -> Option<String> {
+        if self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            return None;
+        }
+        let new: Vec<String> = now
+            .iter()
+            .filter(|&&(_, v)| v > 0)
+            .filter_map(|&(k, v)| {
+                let d = v - self.said.get(k).copied().unwrap_or(0).min(v);
+                (d > 0).then(|| format!("{d} {k}"))
+            })
+            .collect();
+        if new.is_empty() {
+            return None;
+        }
+        let line = format!(
+            "slotprof: warning: events lost{}: {}; slotprof's loop was busy up to {:.0} ms at a time and held up to {:.1} MiB \
+             queued (the slotprof_lost_events_total metric counts them)",
+            slot.map(|s| format!(" (near slot {s})")).unwrap_or_default(),
+            new.join(", "),
+            self.busiest.as_secs_f64() * 1e3,
+            self.most_queued as f64 / (1 << 20) as f64
+        );
+        self.said = now.iter().copied().collect();
+        self.last = Some(std::time::Instant::now());
+        self.busiest = Duration::ZERO;
+        self.most_queued = 0;
+        Some(line)
+    }
+}
+
+/// Feeds every batch the reader has queued.
 fn drain(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    ring: &mut crate::ring_reader::RingReader,
+    pending: &mut Pending,
+    slot_log: &SharedSlotLog,
+    user: &mut crate::user_stacks::UserStacks,
+) {
+    while let Some(batch) = ring.try_recv() {
+        feed(&batch, pending, slot_log, user);
+    }
+}
+
+fn feed(
+    batch: &crate::ring_reader::Batch,
     pending: &mut Pending,
     slot_log: &SharedSlotLog,
     user: &mut crate::user_stacks::UserStacks,
 ) {
     user.begin_batch();
-    while let Some(item) = ring.next() {
-        if user.feed(&item, &mut |e| pending.push(slot_log, e)).is_err() {
+    for item in batch.records() {
+        if user.feed(item, &mut |e| pending.push(slot_log, e)).is_err() {
             pending.malformed += 1;
         }
     }
@@ -852,6 +923,32 @@ impl Chunk<'_> {
             s.export_bytes = self.exporter.bytes();
         }
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod loss_report_tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_is_said_once_with_what_is_new_then_not_again_within_a_minute() {
+        let mut r = LossReport::default();
+        assert_eq!(r.check(&[("ring_buffer_full", 0), ("late", 0)], Some(5)), None);
+        r.busy(Duration::from_millis(1500), 3 << 20);
+        r.busy(Duration::from_millis(20), 1 << 20);
+        let line = r.check(&[("ring_buffer_full", 7), ("late", 0)], Some(9)).unwrap();
+        assert!(line.contains("near slot 9"), "{line}");
+        assert!(line.contains("7 ring_buffer_full"), "{line}");
+        assert!(!line.contains("late"), "{line}");
+        assert!(line.contains("1500 ms") && line.contains("3.0 MiB"), "{line}");
+        // More lost within the minute: not said yet.
+        assert_eq!(r.check(&[("ring_buffer_full", 9), ("late", 1)], None), None);
+        // A minute later, only what is new since the last line.
+        r.last = Some(std::time::Instant::now() - Duration::from_secs(61));
+        let line = r.check(&[("ring_buffer_full", 9), ("late", 1)], None).unwrap();
+        assert!(line.contains("2 ring_buffer_full, 1 late"), "{line}");
+        r.last = Some(std::time::Instant::now() - Duration::from_secs(61));
+        assert_eq!(r.check(&[("ring_buffer_full", 9), ("late", 1)], None), None);
     }
 }
 
