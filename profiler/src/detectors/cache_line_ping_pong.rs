@@ -97,7 +97,8 @@ pub fn detect(
         // The share must hold with 95% confidence, not just in the
         // estimate: 3 stores among 48 samples (6%) is no evidence of a 5%
         // share (seen on the real node: three crossbeam waker stores).
-        if share < threshold || wilson_lower(on_line, total) < threshold {
+        // (The bound is never above the share itself.)
+        if wilson_lower(on_line, total) < threshold {
             continue;
         }
         let kind_total = |k: AccessKind| {
@@ -283,6 +284,48 @@ mod tests {
         // Read-only sharing is not ping-pong.
         let acc: Vec<_> = (0..40)
             .map(|i| access(1 + i % 2, i % 2, 0xc0, 0x2000, AccessKind::Load))
+            .collect();
+        assert!(detect(&inp, &acc, &per_thread, &topo, 0.05, &mut Names).is_empty());
+    }
+    #[test]
+    fn counts_by_kind_and_site_the_span_and_one_thread_alone_is_no_ping_pong() {
+        let names = HashMap::from([(1, "a".to_string()), (2, "b".to_string())]);
+        let inp = inputs(&names);
+        let per_thread = BTreeMap::from([(1, 100), (2, 100)]);
+        let topo = Topology::default();
+        let at = |ts, a: MemoryAccess| MemoryAccess { ts_ns: ts, ..a };
+        // a: 30 RMWs at 0xa0 and 10 stores at 0xa8; b: 25 loads at 0xb0,
+        // from 1 ms to 9 ms.
+        let mut acc: Vec<_> = (0..30)
+            .map(|i| at(1_000_000 + i, access(1, 0, 0xa0, 0x1000, AccessKind::AtomicRmw)))
+            .collect();
+        acc.extend((0..10).map(|i| at(2_000_000 + i, access(1, 0, 0xa8, 0x1000, AccessKind::Store))));
+        acc.extend((0..25).map(|i| at(9_000_000 - i, access(2, 1, 0xb0, 0x1010, AccessKind::Load))));
+        let f = detect(&inp, &acc, &per_thread, &topo, 0.05, &mut Names);
+        assert_eq!(f.len(), 1);
+        let m = &f[0].magnitudes;
+        assert_eq!(
+            (m["atomic_rmw"], m["stores"], m["loads"], m["rmw"]),
+            (30.0, 10.0, 25.0, 0.0)
+        );
+        assert_eq!(f[0].start_ns, 1_000_000);
+        assert_eq!(f[0].duration_ns, 8_000_000);
+        // Sites by count, the most first.
+        assert_eq!(f[0].stack.len(), 3, "{:?}", f[0].stack);
+        assert!(
+            f[0].stack[0].starts_with("fa0") && f[0].stack[0].ends_with("[a: 30]"),
+            "{:?}",
+            f[0].stack
+        );
+        assert!(
+            f[0].stack[1].ends_with("[b: 25]") && f[0].stack[2].ends_with("[a: 10]"),
+            "{:?}",
+            f[0].stack
+        );
+        assert_eq!(f[0].tid, 1, "the thread with the most accesses");
+        // One thread alone, even moving between CPUs, shares with no one.
+        let acc: Vec<_> = (0..40)
+            .map(|i| access(1, i % 2, 0xa0, 0x1000, AccessKind::AtomicRmw))
             .collect();
         assert!(detect(&inp, &acc, &per_thread, &topo, 0.05, &mut Names).is_empty());
     }

@@ -316,4 +316,67 @@ mod tests {
         assert_eq!(f.len(), 1, "{f:?}");
         assert_eq!(f[0].waker_stack, ["holder", "hold_bank_lock", "unlock"]);
     }
+    #[test]
+    fn the_finding_starts_at_its_earliest_wait_counts_each_wait_and_fires_at_the_threshold() {
+        let names = thread_names(&[(1, "a"), (2, "b"), (3, "holder")]);
+        // Waits arrive in end order: the later-starting one first. 4 + 6
+        // = exactly the 10 ms threshold.
+        let waits = [
+            futex(1, 5 * MS, 4 * MS, 0xaa0, 8, 3),
+            futex(2, 2 * MS, 6 * MS, 0xaa0, 8, 3),
+        ];
+        let inp = futex_inputs(&waits, &[], &names);
+        let mut n = namer(HashMap::from([(8, vec!["wait_for_bank_lock"])]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].start_ns, 2 * MS);
+        assert_eq!(f[0].magnitudes["waits"], 2.0);
+        assert!(f[0].explanation.contains("in 2 waits"), "{}", f[0].explanation);
+        // The same in start order: still the earliest.
+        let waits = [waits[1], waits[0]];
+        let inp = futex_inputs(&waits, &[], &names);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].start_ns, 2 * MS);
+        // 1 ns under: nothing.
+        let waits = [
+            futex(1, 5 * MS, 4 * MS, 0xaa0, 8, 3),
+            futex(2, 2 * MS, 6 * MS - 1, 0xaa0, 8, 3),
+        ];
+        let inp = futex_inputs(&waits, &[], &names);
+        assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
+    }
+
+    #[test]
+    fn a_wakeup_from_an_interrupt_or_from_no_thread_names_no_waker() {
+        let names = thread_names(&[(1, "a"), (2, "b"), (3, "holder"), (5, "interrupted")]);
+        let waits = [
+            futex(1, 0, 10 * MS, 0xaa0, 8, 3),
+            // Woken in a timer interrupt that found thread 5 running.
+            FutexWait {
+                waker_context: profiler_ebpf::waker::TIMER,
+                ..futex(2, 0, 10 * MS, 0xaa0, 8, 5)
+            },
+            // No waker recorded.
+            futex(2, 20 * MS, 10 * MS, 0xaa0, 8, 0),
+        ];
+        let inp = futex_inputs(&waits, &[], &names);
+        let mut n = namer(HashMap::from([(8, vec!["wait_for_bank_lock"])]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        let e = &f[0].explanation;
+        assert!(e.contains("woken by holder/3") && !e.contains("/5"), "{e}");
+        assert!(!e.contains("/0"), "{e}");
+        // A waker in a task context other than a system call (a page
+        // fault) is a task: named.
+        let waits = [FutexWait {
+            waker_context: profiler_ebpf::waker::TASK,
+            ..futex(2, 0, 10 * MS, 0xaa0, 8, 5)
+        }];
+        let inp = futex_inputs(&waits, &[], &names);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert!(
+            f[0].explanation.contains("woken by holder/5"),
+            "{}",
+            f[0].explanation
+        );
+    }
 }

@@ -457,4 +457,294 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].cause.as_deref(), Some("waiting for a CPU"));
     }
+    fn frames(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn each_kernel_frame_pattern_alone_names_its_cause() {
+        // Every alternative on its own (one pattern of an `or` must be
+        // enough), and each half of an `and` without the other.
+        for (stack, cause) in [
+            (&["ptrace_notify"][..], "stopped by a tracer (ptrace)"),
+            (&["ptrace_stop"], "stopped by a tracer (ptrace)"),
+            (&["handle_swbp"], OWN_UPROBE),
+            (&["uprobe_notify_resume"], OWN_UPROBE),
+            (&["rwsem_down_read_slowpath", "vm_mmap_pgoff"], "mmap lock wait"),
+            (
+                &["rwsem_down_read_slowpath", "do_user_addr_fault"],
+                "mmap lock wait",
+            ),
+            (
+                &["rwsem_down_read_slowpath", "lock_mm_and_find_vma"],
+                "mmap lock wait",
+            ),
+            (&["rwsem_down_write_slowpath", "inode_lock"], "blocked (other)"),
+            (&["vm_mmap_pgoff", "schedule"], "blocked (other)"),
+            (&["do_user_addr_fault", "schedule"], "blocked (other)"),
+            (&["futex_wait"], "lock wait (futex)"),
+            (&["__x64_sys_nanosleep"], "sleep"),
+            (&["hrtimer_sleep"], "sleep"),
+            (&["do_nanosleep"], "sleep"),
+            (&["io_schedule"], "I/O"),
+            (&["blk_mq_get_tag"], "I/O"),
+            (&["filemap_fault"], "I/O"),
+            (&["ext4_file_read_iter"], "I/O"),
+            (&["xfs_file_read_iter"], "I/O"),
+            (&["do_sys_poll"], "poll/epoll"),
+            (&["do_select"], "poll/epoll"),
+            (&["schedule"], "blocked (other)"),
+            (&[], "blocked (other)"),
+        ] {
+            assert_eq!(blocked_on(&frames(stack)), cause, "{stack:?}");
+        }
+    }
+
+    #[test]
+    fn each_cause_has_its_own_advice() {
+        let on_cpu = advice("on-CPU");
+        for (cause, says) in [
+            (SHORT_WAITS, "--min-offcpu"),
+            (OWN_UPROBE, "--loop-symbol"),
+            ("mmap lock wait", "mmap lock"),
+            ("lock wait (futex)", "LockContention"),
+            ("sleep", "sleeps"),
+            ("I/O", "file and disk"),
+            ("poll/epoll", "poll/epoll"),
+            ("madvise", "SyncAllocatorPurge"),
+            ("waiting for a CPU", "isolcpus"),
+        ] {
+            let a = advice(cause);
+            assert!(a.contains(says), "{cause}: {a}");
+            assert_ne!(a, on_cpu, "{cause}");
+        }
+        assert!(on_cpu.contains("on-CPU"), "{on_cpu}");
+    }
+
+    fn interval(tid: u32, start: u64, end: u64, user: i32, kernel: i32) -> Interval {
+        Interval {
+            start_ns: start,
+            end_ns: end,
+            key: key(tid, "main-loop", user, kernel),
+            preempted: false,
+            woken_ns: 0,
+        }
+    }
+
+    fn by_name() -> DetectorConfig {
+        DetectorConfig {
+            loop_thread: Some(crate::detectors::LoopThread::Name("main-loop".into())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_gap_must_exceed_the_threshold_and_is_its_own_length() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let mut n = namer(HashMap::new());
+        // Without marks: off-CPU intervals of exactly 5 ms and one of
+        // 5 ms + 1 ns, late in time (a sum of the ends would pass).
+        let intervals = [
+            interval(7, 100 * MS, 101 * MS, 1, 101),
+            interval(7, 200 * MS, 205 * MS, 1, 101),
+            interval(7, 300 * MS, 305 * MS + 1, 1, 101),
+        ];
+        let inp = inputs(&[], &intervals, &[], &[], &names);
+        let f = detect(&inp, &by_name(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.iter().map(|f| f.start_ns).collect::<Vec<_>>(), [300 * MS]);
+        assert_eq!(f[0].duration_ns, 5 * MS + 1);
+        // With marks: iterations of exactly 5 ms are not gaps.
+        let marks: Vec<_> = (0..10).map(|i| mark(7, i * 5 * MS)).collect();
+        let inp = inputs(&[], &[], &[], &marks, &names);
+        assert!(detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n).is_empty());
+    }
+
+    #[test]
+    fn only_the_loop_threads_madvise_and_futex_time_counts() {
+        let names = HashMap::from([(7, "main-loop".to_string()), (8, "other".to_string())]);
+        let marks = [mark(7, 0), mark(7, 20 * MS)];
+        let madv = [super::super::test_support::madvise(8, 2 * MS, 10 * MS, 4096, 5)];
+        let fut = [futex(8, 2 * MS, 10 * MS, 0x10, 5, 0)];
+        let inp = Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &madv,
+            futex: &fut,
+            loop_marks: &marks,
+            short_futex: &[],
+            thread_names: &names,
+        };
+        let mut n = namer(HashMap::new());
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].magnitudes["madvise_ms"], 0.0);
+        assert_eq!(f[0].magnitudes["futex_ms"], 0.0);
+        assert_ne!(f[0].cause.as_deref(), Some("madvise"));
+        // The loop thread's own: counted.
+        let madv = [super::super::test_support::madvise(7, 2 * MS, 12 * MS, 4096, 5)];
+        let fut = [futex(7, 2 * MS, 3 * MS, 0x10, 5, 0)];
+        let inp = Inputs {
+            madvise: &madv,
+            futex: &fut,
+            ..inp
+        };
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].magnitudes["madvise_ms"], 12.0);
+        assert_eq!(f[0].magnitudes["futex_ms"], 3.0);
+        assert_eq!(f[0].cause.as_deref(), Some("madvise"));
+    }
+
+    #[test]
+    fn a_wakeup_at_the_intervals_start_is_no_wakeup() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 0), mark(7, 10 * MS)];
+        // woken_ns equal to the start (not set after it): all of it blocked.
+        let intervals = [Interval {
+            woken_ns: MS,
+            ..interval(7, MS, 9 * MS, 2, 102)
+        }];
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let mut n = namer(HashMap::from([(102, vec!["do_nanosleep"])]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("sleep"));
+        assert_eq!(f[0].magnitudes["runqueue_ms"], 0.0);
+        assert_eq!(f[0].magnitudes["blocked_ms"], 8.0);
+    }
+
+    #[test]
+    fn the_stack_shown_is_the_longest_blocks_and_the_first_of_equals() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 0), mark(7, 30 * MS)];
+        let stacks = HashMap::from([
+            (1, vec!["main", "short_sleep"]),
+            (2, vec!["main", "long_sleep"]),
+            (3, vec!["main", "later_equal_sleep"]),
+            (102, vec!["do_nanosleep"]),
+        ]);
+        let intervals = [
+            interval(7, MS, 4 * MS, 1, 102),
+            interval(7, 5 * MS, 15 * MS, 2, 102),
+            interval(7, 16 * MS, 26 * MS, 3, 102),
+        ];
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let mut n = namer(stacks);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("sleep"));
+        assert!(f[0].stack.contains(&"long_sleep".to_string()), "{:?}", f[0].stack);
+    }
+
+    #[test]
+    fn short_waits_needs_two_sample_periods_without_a_sample_in_the_gap() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 10 * MS), mark(7, 16 * MS)];
+        let config = DetectorConfig {
+            sample_period_ns: 2 * MS,
+            ..DetectorConfig::default()
+        };
+        // 2.5 ms asleep, 3.5 ms unaccounted: less than two periods (4 ms),
+        // so it stays on-CPU.
+        let intervals = [interval(7, 10 * MS, 12 * MS + MS / 2, 2, 102)];
+        let mut n = namer(HashMap::from([(102, vec!["do_nanosleep"])]));
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("on-CPU"));
+        // Samples outside the gap (before it, and at its very end) do not
+        // count as in it: 6 ms with none is short waits.
+        let samples = [
+            (9 * MS, key(7, "main-loop", 3, -14)),
+            (16 * MS, key(7, "main-loop", 3, -14)),
+        ];
+        let inp = inputs(&samples, &[], &[], &marks, &names);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some(SHORT_WAITS));
+        assert_eq!(f[0].magnitudes["samples"], 0.0);
+        // One at its very start does.
+        let samples = [(10 * MS, key(7, "main-loop", 3, -14))];
+        let inp = inputs(&samples, &[], &[], &marks, &names);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].magnitudes["samples"], 1.0);
+        assert_eq!(f[0].cause.as_deref(), Some("on-CPU"));
+    }
+
+    #[test]
+    fn a_madvise_gap_shows_the_longest_call_in_it() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 10 * MS), mark(7, 20 * MS)];
+        let m = super::super::test_support::madvise;
+        let madv = [
+            // Longer, but outside the gap.
+            m(7, 0, 9 * MS, 4096, 1),
+            // In the gap: the longest, then a shorter later one.
+            m(7, 10 * MS, 5 * MS, 4096, 2),
+            m(7, 16 * MS, 3 * MS, 4096, 3),
+        ];
+        let stacks = HashMap::from([
+            (1, vec!["main", "outside"]),
+            (2, vec!["main", "purge_long"]),
+            (3, vec!["main", "purge_later"]),
+        ]);
+        let inp = inputs(&[], &[], &madv, &marks, &names);
+        let mut n = namer(stacks);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("madvise"));
+        assert_eq!(f[0].stack, frames(&["main", "purge_long"]));
+    }
+
+    #[test]
+    fn an_on_cpu_gap_shows_its_most_sampled_stack_preferring_whole_ones() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 10 * MS), mark(7, 30 * MS)];
+        let config = DetectorConfig {
+            sample_period_ns: MS,
+            ..DetectorConfig::default()
+        };
+        let stacks = HashMap::from([
+            (1, vec!["main", "a_most_sampled"]),
+            (2, vec!["main", "z_sampled_once"]),
+            (3, vec!["main", "z_outside"]),
+            (4, vec!["start", "main", "whole"]),
+        ]);
+        let k = |u| key(7, "main-loop", u, -14);
+        let mut samples: Vec<_> = (0..5).map(|i| (11 * MS + i * MS, k(1))).collect();
+        samples.push((20 * MS, k(2)));
+        // Many outside the gap, before it and at its end.
+        samples.extend((0..8).map(|_| (5 * MS, k(3))));
+        samples.extend((0..8).map(|_| (30 * MS, k(3))));
+        let inp = inputs(&samples, &[], &[], &marks, &names);
+        let mut n = namer(stacks.clone());
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].cause.as_deref(), Some("on-CPU"));
+        assert_eq!(f[0].stack, frames(&["main", "a_most_sampled"]));
+        // A stack walked to the thread's root wins over shallower ones,
+        // even sampled once.
+        samples.push((21 * MS, k(4)));
+        let inp = inputs(&samples, &[], &[], &marks, &names);
+        let mut n = namer(stacks);
+        let f = detect(&inp, &config, &Buckets::new(None, 0), &mut n);
+        assert_eq!(f[0].stack, frames(&["start", "main", "whole"]));
+    }
+
+    #[test]
+    fn the_explanation_lists_only_the_other_causes_that_took_time() {
+        let names = HashMap::from([(7, "main-loop".to_string())]);
+        let marks = [mark(7, 0), mark(7, 20 * MS)];
+        let intervals = [Interval {
+            woken_ns: 18 * MS,
+            ..interval(7, 0, 20 * MS, 2, 102)
+        }];
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let mut n = namer(HashMap::from([(102, vec!["do_nanosleep"])]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        let e = &f[0].explanation;
+        assert!(
+            e.contains("mostly sleep (18.0 ms); then waiting for a CPU 2.0 ms"),
+            "{e}"
+        );
+        assert!(!e.contains("madvise") && !e.contains("on-CPU"), "{e}");
+        // Nothing else: no "then".
+        let intervals = [interval(7, 0, 20 * MS, 2, 102)];
+        let inp = inputs(&[], &intervals, &[], &marks, &names);
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert!(!f[0].explanation.contains("then"), "{}", f[0].explanation);
+    }
 }

@@ -223,4 +223,70 @@ mod tests {
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
         assert!(f.is_empty(), "{f:?}");
     }
+    #[test]
+    fn only_dontneed_and_free_are_purges() {
+        assert!(is_purge(4) && is_purge(8));
+        for other in [0, 1, 2, 3, 9, 10, 14, 15, 100] {
+            assert!(!is_purge(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn allocator_frames_are_named_ones_only() {
+        for f in [
+            "je_arena_decay",
+            "_rjem_je_tcache_bin_flush",
+            "jemalloc::purge",
+            "tcmalloc::ReleaseMemory",
+            "mi_heap_collect (mimalloc)",
+            "malloc_trim",
+            "arena_decay_impl",
+            "PURGE_ALL",
+        ] {
+            assert!(allocator_frame(f), "{f}");
+        }
+        for f in ["main", "std::vec::Vec<T>::drop", "madvise", "drop_in_place"] {
+            assert!(!allocator_frame(f), "{f}");
+        }
+    }
+
+    #[test]
+    fn totals_start_and_the_heaviest_stack_of_a_purge() {
+        let names = HashMap::from([(1, "main".to_string())]);
+        let mut calls = Vec::new();
+        // Stack 5: 3 x 0.4 ms = 1.2 ms, from the start; stack 6: 1 x 0.5 ms
+        // later (a higher id, and the longest single call).
+        for i in 0..3 {
+            calls.push(madvise(1, 10 * MS + i * MS, 400_000, 1 << 20, 5));
+        }
+        calls.push(madvise(1, 20 * MS, 500_000, 1 << 20, 6));
+        let inp = Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &calls,
+            futex: &[],
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names: &names,
+        };
+        let mut n = namer(HashMap::from([
+            (5, vec!["main", "drop_accounts"]),
+            (6, vec!["main", "drop_bank"]),
+        ]));
+        let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].start_ns, 10 * MS);
+        assert_eq!(f[0].duration_ns, 1_700_000);
+        assert_eq!(f[0].magnitudes["bytes"], (4 << 20) as f64);
+        assert_eq!(f[0].magnitudes["tlb_flushes"], 4.0);
+        assert_eq!(f[0].magnitudes["shootdown_ipis"], 8.0);
+        assert_eq!(f[0].magnitudes["allocator_frames"], 0.0);
+        assert_eq!(f[0].stack, ["main", "drop_accounts"]);
+        assert!(
+            !f[0].explanation.contains("allocator's purge path"),
+            "{}",
+            f[0].explanation
+        );
+    }
 }

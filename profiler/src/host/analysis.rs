@@ -359,4 +359,79 @@ mod tests {
         assert!(advice(Source::ProactiveCompaction, &[], &unlocked, &on).contains("not locked"));
         assert!(advice(Source::NumaBalancing, &[], &vm, &on).contains("numa_balancing"));
     }
+    #[test]
+    fn the_threshold_is_p10_plus_a_tenth_to_p99_and_a_second_at_it_is_not_busy() {
+        // 0, 1000, ..., 100000: p10 = 10000, p99 = 99000.
+        let s: Vec<u64> = (0..=100).map(|i| i * 1000).collect();
+        let d = duty_cycle(&s);
+        assert_eq!(d.threshold_pages_per_s, 10_000.0 + 0.1 * 89_000.0);
+        // Quiet seconds put the threshold at the floor; a second of
+        // exactly the floor is not busy, one page more is.
+        let mut s = vec![0u64; 30];
+        s[10] = MIN_BURST_PAGES_PER_S as u64;
+        assert!(duty_cycle(&s).bursts.is_empty());
+        s[20] = MIN_BURST_PAGES_PER_S as u64 + 1;
+        let d = duty_cycle(&s);
+        assert_eq!(d.bursts.len(), 1);
+        assert_eq!(d.bursts[0].start_s, 20);
+    }
+
+    #[test]
+    fn advice_for_each_memory_state_and_source() {
+        let vm = VmInfo {
+            pid: 7,
+            comm: "qemu".into(),
+            locked_kib: Some(1 << 20),
+            size_kib: Some(2 << 20),
+        };
+        let unlocked = VmInfo {
+            locked_kib: Some(0),
+            ..vm.clone()
+        };
+        let allowed = Sysctls {
+            compact_unevictable_allowed: Some(1),
+            compaction_proactiveness: Some(20),
+        };
+        let refused = Sysctls {
+            compact_unevictable_allowed: Some(0),
+            ..allowed.clone()
+        };
+        let tasks = ["someone (pid 9)".to_string()];
+        // Locked memory that compaction may move: the incident's fix.
+        let a = advice(Source::Kcompactd, &[], &vm, &allowed);
+        assert!(
+            a.contains("locked memory") && a.contains("reference incident"),
+            "{a}"
+        );
+        assert!(!a.contains("not locked"), "{a}");
+        // Locked, but compaction already leaves it alone: the general one.
+        let a = advice(Source::Kcompactd, &[], &vm, &refused);
+        assert!(
+            !a.contains("reference incident") && !a.contains("not locked"),
+            "{a}"
+        );
+        assert!(a.starts_with("the host is compacting this VM's memory;"), "{a}");
+        // Not locked: lock it.
+        let a = advice(Source::Kcompactd, &[], &unlocked, &allowed);
+        assert!(a.contains("not locked"), "{a}");
+        // Other sources keep their own advice, locked or not, and the
+        // task lines belong to their own sources only.
+        for v in [&vm, &unlocked] {
+            let a = advice(Source::Khugepaged, &tasks, v, &allowed);
+            assert!(a.starts_with("khugepaged"), "{a}");
+            assert!(!a.contains("someone"), "{a}");
+        }
+        let a = advice(Source::NumaBalancing, &tasks, &vm, &allowed);
+        assert!(
+            !a.contains("compact_memory") && !a.contains("Direct compaction"),
+            "{a}"
+        );
+        let a = advice(Source::DirectCompaction, &tasks, &vm, &refused);
+        assert!(a.contains("Direct compaction by someone (pid 9)"), "{a}");
+        assert!(!a.contains("compact_memory or"), "{a}");
+        let a = advice(Source::DirectCompaction, &[], &vm, &refused);
+        assert!(!a.contains("Direct compaction by"), "{a}");
+        let a = advice(Source::ManualCompaction, &[], &vm, &refused);
+        assert!(!a.contains("asked for by"), "{a}");
+    }
 }

@@ -122,7 +122,8 @@ pub fn analyze_cpu(cpu: u32, windows: &[Window], every: Duration) -> Option<CpuP
     let slowdown = {
         let s = median(series.iter().copied().filter(|&v| v > threshold).collect());
         let f = median(series.iter().copied().filter(|&v| v <= threshold).collect());
-        if f > 0.0 {
+        // No slow window at all (a constant rate): no slowdown, not -100%.
+        if f > 0.0 && s > 0.0 {
             s / f - 1.0
         } else {
             0.0
@@ -246,5 +247,92 @@ mod tests {
         let p = analyze_cpu(0, &w, Duration::from_millis(100)).unwrap();
         assert!(p.verdict.starts_with("no slow phase"), "{}", p.verdict);
         assert!(analyze_cpu(3, &w, Duration::from_millis(100)).is_none());
+    }
+    #[test]
+    fn short_runs_between_equal_neighbours_are_absorbed_and_edges_kept() {
+        let run = |mut x: Vec<f64>, max| {
+            absorb_short_runs(&mut x, max);
+            x
+        };
+        assert_eq!(run(vec![0., 0., 1., 0., 0.], 1), [0., 0., 0., 0., 0.]);
+        assert_eq!(
+            run(vec![1., 0., 0., 1.], 1),
+            [1., 0., 0., 1.],
+            "a run longer than max stays"
+        );
+        assert_eq!(
+            run(vec![1., 0., 0., 1.], 2),
+            [1., 1., 1., 1.],
+            "a run of exactly max goes"
+        );
+        assert_eq!(run(vec![1., 0., 0.], 2), [1., 0., 0.], "a run at the end stays");
+        assert_eq!(run(vec![1., 0., 0., 0.], 2), [1., 0., 0., 0.]);
+        assert_eq!(run(vec![0., 1., 1., 1.], 1), [0., 1., 1., 1.]);
+        assert_eq!(run(vec![0., 1., 0.], 0), [0., 1., 0.], "max 0 absorbs nothing");
+    }
+
+    #[test]
+    fn moving_mean_and_percentile_by_hand() {
+        assert_eq!(moving_mean(&[1., 2., 3., 4., 5.], 1), [1.5, 2., 3., 4., 4.5]);
+        assert_eq!(moving_mean(&[1., 2., 3.], 0), [1., 2., 3.]);
+        let ten: Vec<f64> = (0..10).map(f64::from).collect();
+        // Index round((n - 1) * p): 8.1 -> 8, 4.5 -> 5.
+        assert_eq!(percentile(&ten, 0.9), 8.);
+        assert_eq!(percentile(&ten, 0.5), 5.);
+        assert_eq!(percentile(&ten, 0.0), 0.);
+        assert_eq!(percentile(&ten, 1.0), 9.);
+    }
+
+    #[test]
+    fn autocorrelation_of_an_alternating_series_by_hand() {
+        // 0,1,0,1,... (8): mean 0.5, deviations +-0.5, sum of squares 2.
+        // r(1) = 7 * -0.25 / 2 < 0 (the first dip); r(2) = 6 * 0.25 / 2
+        // = 0.75, r(3) = -0.625, r(4) = 4 * 0.25 / 2 = 0.5.
+        let x: Vec<f64> = (0..8).map(|i| (i % 2) as f64).collect();
+        assert_eq!(period_by_autocorrelation(&x), Some((2, 0.75)));
+        // Seven values are too few; a constant has no period.
+        assert_eq!(period_by_autocorrelation(&x[..7]), None);
+        assert_eq!(period_by_autocorrelation(&[3.0; 20]), None);
+    }
+
+    /// Windows 1 s apart (no smoothing: half a second either side is less
+    /// than a window) with these rates.
+    fn windows(rates: &[f64]) -> Vec<Window> {
+        rates
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| Window {
+                ts_ns: i as u64 * 1_000_000_000,
+                cpu: 2,
+                ns_per_hash: r,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn windows_at_the_threshold_are_fast() {
+        // p10 = 1, p90 = 3: threshold 2. Slow (above 2): the two 3s.
+        let w = windows(&[1., 1., 1., 1., 1., 2., 2., 2., 2., 3., 3.]);
+        let p = analyze_cpu(2, &w, Duration::from_secs(1)).unwrap();
+        assert_eq!(p.threshold_ns_per_hash, 2.0);
+        assert_eq!(p.slow_share, 2.0 / 11.0);
+        // Medians: slow 3, fast 1.
+        assert_eq!(p.slowdown, 2.0);
+        // Eight windows are enough; seven are not.
+        assert!(analyze_cpu(2, &w[..8], Duration::from_secs(1)).is_some());
+        assert!(analyze_cpu(2, &w[..7], Duration::from_secs(1)).is_none());
+        // A constant rate: nothing slow.
+        let p = analyze_cpu(2, &windows(&[5.0; 12]), Duration::from_secs(1)).unwrap();
+        assert_eq!(p.slow_share, 0.0);
+        assert_eq!(p.slowdown, 0.0);
+        assert!(p.slow_burst_s.is_none());
+    }
+
+    #[test]
+    fn a_zero_fast_median_gives_no_slowdown_not_infinity() {
+        let w = windows(&[0., 0., 0., 0., 0., 0., 1., 1., 1., 1., 1.]);
+        let p = analyze_cpu(2, &w, Duration::from_secs(1)).unwrap();
+        assert_eq!(p.slowdown, 0.0);
+        assert!(p.verdict.starts_with("no slow phase"), "{}", p.verdict);
     }
 }
