@@ -226,6 +226,8 @@ const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
 const OVERHEAD_HEADING: &str = "## Overhead on a CPU-bound PoH loop: slotprof and perf";
 const USERSPACE_HEADING: &str = "## The aggregator and the symbolizer (userspace, one core)";
 const VALIDATOR_HEADING: &str = "## On a real validator: solana-test-validator 4.4.0 under load, beside perf";
+const PHASE_HEADING: &str = "## Phase probe (guest mode) on a CPU-bound PoH loop";
+const HOST_HEADING: &str = "## Host mode during compaction";
 
 /// Which commit a section was measured at: the short hash, and whether the
 /// work tree had changes on top of it.
@@ -284,10 +286,12 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
     let scratch = crate::private_temp_dir("slotprof-bench")?;
     type Section = fn(&Path, &Path) -> anyhow::Result<String>;
-    let sections: [(&str, &str, Section); 5] = [
+    let sections: [(&str, &str, Section); 7] = [
         ("storm", STORM_HEADING, storm_section),
         ("overhead", OVERHEAD_HEADING, overhead_section),
         ("userspace", USERSPACE_HEADING, userspace_section),
+        ("phase", PHASE_HEADING, phase_probe_section),
+        ("host", HOST_HEADING, host_section),
         ("run", RUN_HEADING, run_section),
         ("validator", VALIDATOR_HEADING, validator_section),
     ];
@@ -303,7 +307,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                 ),
             },
             _ => bail!(
-                "usage: cargo xtask bench [--only storm|overhead|userspace|run|validator] [--run-minutes N]"
+                "usage: cargo xtask bench [--only storm|overhead|userspace|phase|host|run|validator] [--run-minutes N]"
             ),
         }
     }
@@ -311,7 +315,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         None => {}
         Some(what) => {
             let Some((_, heading, f)) = sections.iter().find(|(n, _, _)| *n == what.as_str()) else {
-                bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace, run or validator");
+                bail!("cargo xtask bench --only: {what:?} is not a section: use storm, overhead, userspace, phase, host, run or validator");
             };
             // Just this section, spliced into the existing file.
             let section = stamped(root, f(root, &scratch)?);
@@ -341,7 +345,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&scratch);
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, phase, host, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;
@@ -614,7 +618,7 @@ fn phase_probe_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     }
     let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
     let mut md = String::new();
-    let _ = writeln!(md, "## Phase probe (guest mode) on a CPU-bound PoH loop\n");
+    let _ = writeln!(md, "{PHASE_HEADING}\n");
     let _ = writeln!(md, "`poh-loop` (tests/src/bin/poh-loop.rs): one sha256 chain per CPU, as a leader's PoH thread runs, for {SECONDS} s. The phase probe runs its own 1 ms sha256 burst every 100 ms pinned on each CPU, so by construction it takes 1% of each CPU; this measures what the loop loses.\n");
     let _ = writeln!(
         md,
@@ -676,7 +680,7 @@ impl Drop for Sysctls {
 /// `slotprof host`'s own cost while compaction moves a KVM guest's locked
 /// memory at full speed (the guest of the host-mode tests).
 fn host_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
-    let mut md = String::from("## Host mode during compaction\n\n");
+    let mut md = format!("{HOST_HEADING}\n\n");
     let available_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
