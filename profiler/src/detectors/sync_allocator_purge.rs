@@ -156,6 +156,23 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// Inputs of process 1 holding only madvise calls.
+    fn madvise_inputs<'a>(
+        calls: &'a [profiler_ebpf::MadviseCall],
+        names: &'a HashMap<u32, String>,
+    ) -> Inputs<'a> {
+        Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: calls,
+            futex: &[],
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names: names,
+        }
+    }
+
     #[test]
     fn purges_on_the_hot_thread_over_the_threshold_fire_per_slot() {
         let names = HashMap::from([(1, "main".to_string()), (2, "jemalloc_bg_thd".to_string())]);
@@ -171,16 +188,7 @@ mod tests {
         for i in 0..50 {
             calls.push(madvise(2, i * MS, 900_000, 1 << 20, 6));
         }
-        let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &calls,
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: &names,
-        };
+        let inp = madvise_inputs(&calls, &names);
         let mut n = namer(HashMap::from([(
             5,
             vec!["main", "drop_bank", "_rjem_je_tcache_bin_flush", "madvise"],
@@ -201,16 +209,7 @@ mod tests {
     fn the_allocators_own_start_up_is_not_a_purge() {
         let names = HashMap::from([(1, "bank-loop".to_string())]);
         let calls: Vec<_> = (0..4).map(|i| madvise(1, i * MS, 400_000, 4096, 7)).collect();
-        let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &calls,
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: &names,
-        };
+        let inp = madvise_inputs(&calls, &names);
         let mut n = namer(HashMap::from([(
             7,
             vec![
@@ -260,16 +259,7 @@ mod tests {
             calls.push(madvise(1, 10 * MS + i * MS, 400_000, 1 << 20, 5));
         }
         calls.push(madvise(1, 20 * MS, 500_000, 1 << 20, 6));
-        let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &calls,
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: &names,
-        };
+        let inp = madvise_inputs(&calls, &names);
         let mut n = namer(HashMap::from([
             (5, vec!["main", "drop_accounts"]),
             (6, vec!["main", "drop_bank"]),
