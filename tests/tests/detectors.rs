@@ -433,18 +433,55 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
         eprintln!("{build}: waker stack {}", bank["waker_stack"]);
         // The program's own log is the truth: its lock gaps, the waits it
         // blocked in (a gap with no voluntary switch was spun through).
-        let logged: Vec<(u64, u64)> = truth["gaps"]
+        let lock_gaps: Vec<&serde_json::Value> = truth["gaps"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|g| g["kind"] == "lock" && g["voluntary_switches"].as_u64().unwrap_or(0) > 0)
+            .collect();
+        let logged: Vec<(u64, u64)> = lock_gaps
+            .iter()
             .map(|g| (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap()))
             .collect();
         assert!(
             !logged.is_empty(),
             "{build}: the program logged no blocked lock wait"
         );
+        // What the futex wait itself lasted, bracketed by the kernel's own
+        // counters for the waiting thread: the program's clock runs from
+        // before `lock()` to after it, which also counts the mutex's spin
+        // before blocking (its CPU time, `getrusage`) and any time spent
+        // runnable without a CPU (schedstat's run delay). The futex wait
+        // excludes the spin and the delay before it blocked, and includes
+        // the delay after its wakeup: it lies between logged - cpu - delay
+        // and logged - cpu. Natively both are ~0; in the TCG VMs the spin
+        // took up to 234 ms of a 250 ms wait (its `pause` is slow there),
+        // which is why the findings there were 15-25% short of the logged
+        // time before this bracket.
+        let bracket = |g: &serde_json::Value| {
+            let logged = g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap();
+            let hi = logged.saturating_sub(g["cpu_ns"].as_u64().unwrap_or(0));
+            (hi.saturating_sub(g["run_delay_ns"].as_u64().unwrap_or(0)), hi)
+        };
         let logged_ns: u64 = logged.iter().map(|(s, e)| e - s).sum();
+        // A wait whose blocked part is under the 10 ms threshold (per lock
+        // and slot; one wait per slot here) makes no finding; one surely
+        // over it must make one.
+        let threshold = 10_000_000;
+        let must: Vec<(u64, u64)> = lock_gaps
+            .iter()
+            .map(|g| bracket(g))
+            .filter(|b| b.0 >= threshold)
+            .collect();
+        let may: Vec<(u64, u64)> = lock_gaps
+            .iter()
+            .map(|g| bracket(g))
+            .filter(|b| b.1 >= threshold)
+            .collect();
+        assert!(
+            !must.is_empty(),
+            "{build}: no logged lock wait blocked for over 10 ms"
+        );
         let bank_locks: Vec<&serde_json::Value> = locks
             .iter()
             .filter(|f| f["magnitudes"]["address"] == bank["magnitudes"]["address"])
@@ -457,25 +494,22 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
             .iter()
             .map(|f| f["duration_ns"].as_u64().unwrap())
             .sum();
+        let lo_ns: u64 = must.iter().map(|b| b.0).sum();
+        let hi_ns: u64 = may.iter().map(|b| b.1).sum();
         eprintln!(
-            "{build}: {} blocked lock waits logged ({:.1} ms), findings: {waits} waits ({:.1} ms) in {} slots",
+            "{build}: {} blocked lock waits logged ({:.1} ms), {}..{} over 10 ms blocked ({:.1}..{:.1} ms); \
+             findings: {waits} waits ({:.1} ms) in {} slots",
             logged.len(),
             logged_ns as f64 / 1e6,
+            must.len(),
+            may.len(),
+            lo_ns as f64 / 1e6,
+            hi_ns as f64 / 1e6,
             found_ns as f64 / 1e6,
             bank_locks.len()
         );
-        // Within 10% (natively: 11 of 11 waits, 557.1 of 557.3 ms). In the
-        // TCG test VMs (x5 timings, 250 ms holds), 1-3 of 10-14 logged
-        // waits have no finding and the found ones are ~15-25% shorter than
-        // the program's own measure (6.1 and 6.12, four runs: 9-13 waits,
-        // 1.86-2.95 of 2.52-3.53 s). The per-slot figures (printed there)
-        // show why: the waits with no finding are the first one or two,
-        // made while slotprof was still attaching (seconds under TCG), and
-        // the short ones (15-80 ms of a 250 ms gap) begin late: the waiter
-        // lost its vCPU before it entered the futex call, and the program's
-        // clock, read before `lock()`, counts that time too. Both are the
-        // emulator's, so the bound there stays loose.
-        let (count_tol, time_tol) = if time_scale() > 1 { (0.3, 0.35) } else { (0.1, 0.1) };
+        // Within 10% of the bracket, natively and in the VMs (natively: 11
+        // of 11 waits, 557.1 of 557.3 ms).
         if time_scale() > 1 {
             for f in &bank_locks {
                 eprintln!(
@@ -483,29 +517,65 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
                     f["slot"], f["magnitudes"]["waits"], f["magnitudes"]["wait_ms"], f["start_ns"]
                 );
             }
-            for (a, b) in &logged {
-                eprintln!("{build}: logged wait {a}..{b} ({:.1} ms)", (b - a) as f64 / 1e6);
+            for g in &lock_gaps {
+                let (a, b) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+                eprintln!(
+                    "{build}: logged wait {a}..{b} ({:.1} ms; on-CPU {:.1} ms, waiting for a CPU {:.1} ms; handoff {:.1} ms before)",
+                    (b - a) as f64 / 1e6,
+                    g["cpu_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                    g["run_delay_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                    (a as f64 - g["handoff_ns"].as_f64().unwrap_or(a as f64)) / 1e6,
+                );
             }
         }
+        let tol = 0.1;
         assert!(
-            (waits - logged.len() as f64).abs() <= count_tol * logged.len() as f64,
-            "{build}: {waits} waits in the findings, {} logged",
-            logged.len()
+            waits >= must.len() as f64 * (1.0 - tol) && waits <= may.len() as f64 * (1.0 + tol),
+            "{build}: {waits} waits in the findings; {} logged waits blocked surely over 10 ms, {} possibly",
+            must.len(),
+            may.len()
         );
         assert!(
-            (found_ns as f64 - logged_ns as f64).abs() <= time_tol * logged_ns as f64,
-            "{build}: {found_ns} ns of waits in the findings, {logged_ns} logged"
+            found_ns as f64 >= lo_ns as f64 * (1.0 - tol) && found_ns as f64 <= hi_ns as f64 * (1.0 + tol),
+            "{build}: {:.1} ms of waits in the findings; the program's waits blocked {:.1}..{:.1} ms",
+            found_ns as f64 / 1e6,
+            lo_ns as f64 / 1e6,
+            hi_ns as f64 / 1e6
         );
         // The quiet slots stay quiet: every LockContention finding is in a
         // slot where the program waited for the lock (the finding starts
-        // at its slot's first such wait).
-        let stray: Vec<&serde_json::Value> = locks
+        // at its slot's first such wait). The wait starts when the loop
+        // asks the holder to take the lock: the loop is the hot thread, so
+        // its wait on the channel until the holder has the lock counts too
+        // (over 10 ms when the holder is slow to wake, as in the TCG VMs).
+        let injected: Vec<(u64, u64)> = lock_gaps
+            .iter()
+            .map(|g| {
+                let end = g["end_ns"].as_u64().unwrap();
+                (
+                    g["handoff_ns"]
+                        .as_u64()
+                        .unwrap_or(g["start_ns"].as_u64().unwrap()),
+                    end,
+                )
+            })
+            .collect();
+        let stray: Vec<String> = locks
             .iter()
             .filter(|f| {
                 let s = f["start_ns"].as_u64().unwrap();
-                !logged
+                !injected
                     .iter()
                     .any(|&(a, b)| a < s + 1_000_000 && s < b + 1_000_000)
+            })
+            .map(|f| {
+                format!(
+                    "{:.1} ms from {} on {:#x} in {:?}",
+                    f["magnitudes"]["wait_ms"].as_f64().unwrap_or(0.0),
+                    f["start_ns"],
+                    f["magnitudes"]["address"].as_f64().unwrap_or(0.0) as u64,
+                    f["stack"]
+                )
             })
             .collect();
         assert!(

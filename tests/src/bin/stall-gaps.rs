@@ -16,7 +16,15 @@
 //! Each gap also carries what the kernel counted for the loop thread over
 //! it (`getrusage(RUSAGE_THREAD)`): `cpu_ns` (user + system time) and
 //! `voluntary_switches` (times it blocked), the ground truth of whether
-//! the gap was spent on-CPU or blocked.
+//! the gap was spent on-CPU or blocked, and `run_delay_ns`: the time it
+//! spent runnable but waiting for a CPU (`/proc/thread-self/schedstat`).
+//! A lock gap's clock counts both, the futex wait neither (or only the
+//! delay after the wakeup): a mutex spins before it blocks, and in the TCG
+//! test VMs that spin took up to 234 ms of a 250 ms wait (the emulator
+//! runs `pause` slowly; natively it is microseconds). A `lock`
+//! gap also carries `handoff_ns`: when the loop asked the holder to take
+//! the lock (it then waits on a channel until the holder has it; the loop
+//! is the hot thread, so that wait is lost time too).
 
 use std::{
     hint::black_box,
@@ -33,6 +41,16 @@ fn thread_usage() -> (u64, u64) {
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
     let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
     (ns(u.ru_utime) + ns(u.ru_stime), u.ru_nvcsw as u64)
+}
+
+/// The calling thread's time spent runnable, waiting for a CPU (ns): the
+/// second field of `/proc/thread-self/schedstat` (0 where the kernel has
+/// no CONFIG_SCHED_INFO).
+fn run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One iteration of the main loop (the `--loop-symbol` target).
@@ -149,7 +167,11 @@ fn main() {
             continue;
         }
         let kind = kinds[(i / every) as usize % kinds.len()];
-        let before = thread_usage();
+        // Counted from the gap's own start (for a lock gap: once the holder
+        // has the lock).
+        let mut before = thread_usage();
+        let mut delay_before = run_delay_ns();
+        let mut handoff = None;
         let (start, stop) = match kind {
             "sleep" => {
                 let s = monotonic_ns();
@@ -157,8 +179,11 @@ fn main() {
                 (s, monotonic_ns())
             }
             "lock" => {
+                handoff = Some(monotonic_ns());
                 hold_tx.send(()).unwrap();
                 taken_rx.recv().unwrap();
+                before = thread_usage();
+                delay_before = run_delay_ns();
                 let s = monotonic_ns();
                 wait_for_bank_lock(&bank_lock);
                 (s, monotonic_ns())
@@ -175,11 +200,15 @@ fn main() {
             }
         };
         let after = thread_usage();
+        let delay = run_delay_ns().saturating_sub(delay_before);
         gaps.push(format!(
             "{{\"kind\":\"{kind}\",\"start_ns\":{start},\"end_ns\":{stop},\
-             \"cpu_ns\":{},\"voluntary_switches\":{}}}",
+             \"cpu_ns\":{},\"voluntary_switches\":{},\"run_delay_ns\":{delay}{}}}",
             after.0 - before.0,
-            after.1 - before.1
+            after.1 - before.1,
+            handoff
+                .map(|h| format!(",\"handoff_ns\":{h}"))
+                .unwrap_or_default()
         ));
     }
     write_report(
