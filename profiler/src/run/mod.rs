@@ -597,7 +597,11 @@ async fn follow(
     let end = loop {
         tokio::select! {
             batch = ring.recv() => match batch {
-                Some(batch) => feed(&batch, &mut pending, &slot_log, &mut stacks.user),
+                Some(batch) => {
+                    let began = std::time::Instant::now();
+                    feed(&batch, &mut pending, &slot_log, &mut stacks.user);
+                    losses.busy(began.elapsed(), ring.queued_bytes());
+                }
                 None => anyhow::bail!("the ring buffer's reader thread ended"),
             },
             e = signals.next() => match e {
@@ -614,6 +618,9 @@ async fn follow(
                 e => break e,
             },
             _ = tick.tick() => {
+                // Everything this tick does counts as busy (the maps
+                // re-read, the drain and the slots' processing alike).
+                let began = std::time::Instant::now();
                 ticks += 1;
                 let alive = target.is_alive();
                 if ticks.is_multiple_of(20) {
@@ -635,7 +642,6 @@ async fn follow(
                 let now = monotonic_ns();
                 let ready = stacks.user.oldest_held_start_ns().map_or(now, |t| now.min(t + GRACE_NS));
                 let done = finished_slots(&slot_source, &slot_log, origin, processed_until, ready);
-                let began = std::time::Instant::now();
                 if !done.is_empty() {
                     processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
                     slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
@@ -643,7 +649,7 @@ async fn follow(
                 chunk.exporter.refresh(false)?;
                 losses.busy(began.elapsed(), ring.queued_bytes());
                 let now = update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, false);
-                if let Some(line) = losses.check(&now, done.first().map(|s| s.number)) {
+                if let Some(line) = now.and_then(|now| losses.check(&now, done.first().map(|s| s.number))) {
                     eprintln!("{line}");
                 }
                 if !alive {
@@ -704,7 +710,10 @@ fn meta(target: &Target, config: &Config) -> ProfileMeta {
     }
 }
 
-/// Lost events so far: earlier attachments' plus this one's.
+/// Lost events so far: earlier attachments' plus this one's. Returns this
+/// attachment's counts by cause (None when the kernel's counters cannot be
+/// read: the totals keep their last known values). `last`: this
+/// attachment ends; its counts (the last read) carry over to the next.
 fn update_lost(
     snapshot: &Arc<Mutex<Snapshot>>,
     probes: &Probes,
@@ -712,30 +721,29 @@ fn update_lost(
     backlog_full: u64,
     before: &mut HashMap<String, u64>,
     last: bool,
-) -> Vec<(&'static str, u64)> {
-    let Ok(c) = probes.counters() else {
-        return Vec::new();
-    };
-    let now = [
-        ("ring_buffer_full", c.ring_full),
-        ("backlog_full", backlog_full),
-        ("stacks", c.stack_lost),
-        ("offcpu_map_full", c.offcpu_start_lost),
-        ("syscall_map_full", c.syscall_start_lost),
-        ("malformed", pending.malformed),
-        ("late", pending.late),
-    ];
+) -> Option<[(&'static str, u64); 7]> {
+    let now = probes.counters().ok().map(|c| {
+        [
+            ("ring_buffer_full", c.ring_full),
+            ("backlog_full", backlog_full),
+            ("stacks", c.stack_lost),
+            ("offcpu_map_full", c.offcpu_start_lost),
+            ("syscall_map_full", c.syscall_start_lost),
+            ("malformed", pending.malformed),
+            ("late", pending.late),
+        ]
+    });
     let mut s = snapshot.lock().unwrap();
-    for (k, v) in now {
+    for (k, v) in now.into_iter().flatten() {
         s.lost
             .insert(k.to_string(), before.get(k).copied().unwrap_or(0) + v);
     }
     if last {
-        for (k, v) in now {
-            *before.entry(k.to_string()).or_default() += v;
-        }
+        // The totals shown so far become the next attachment's base (a
+        // failed last read keeps the counts read before it).
+        *before = s.lost.iter().map(|(k, v)| (k.clone(), *v)).collect();
     }
-    now.to_vec()
+    now
 }
 
 /// Says when events are lost, by cause, at most once a minute, with the
