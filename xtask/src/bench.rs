@@ -246,8 +246,15 @@ fn commit(root: &Path) -> String {
     };
     // BENCHMARKS.md itself is not a change to what is measured (the
     // sections run one after another rewrite it).
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no", "--", ".", ":!BENCHMARKS.md"])
-        .is_some_and(|s| !s.is_empty());
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!BENCHMARKS.md",
+    ])
+    .is_some_and(|s| !s.is_empty());
     let date = Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
         .output()
