@@ -41,7 +41,7 @@ pub const BACKLOG_BYTES: usize = 64 << 20;
 const BATCH_BYTES: usize = 1 << 20;
 
 /// Empty batch buffers kept for reuse (the rest are freed).
-const SPARE_BATCHES: usize = 8;
+const SPARE_BATCHES: usize = 2;
 
 /// The least time between two drains of the ring.
 const PACE_MS: u64 = 10;

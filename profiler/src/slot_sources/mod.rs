@@ -14,8 +14,25 @@ use crate::slots::{Slot, Timeline, SLOTS_PER_WINDOW};
 pub struct EpochSchedule {
     pub first_slot: u64,
     pub slots_in_epoch: u64,
-    /// Absolute slot numbers this node leads, sorted.
-    pub leader_slots: Vec<u64>,
+    /// The slots this node leads as runs `[start, end)` of consecutive
+    /// absolute slot numbers, sorted ([`leader_runs`] builds them): a node
+    /// that leads every slot of a 432,000-slot epoch (a one-node cluster)
+    /// is one run, not 3.3 MiB of slot numbers kept all session.
+    pub leader_runs: Vec<(u64, u64)>,
+}
+
+/// Runs of consecutive slots from slot numbers in any order.
+pub fn leader_runs(mut slots: Vec<u64>) -> Vec<(u64, u64)> {
+    slots.sort_unstable();
+    slots.dedup();
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for s in slots {
+        match runs.last_mut() {
+            Some(r) if r.1 == s => r.1 = s + 1,
+            _ => runs.push((s, s + 1)),
+        }
+    }
+    runs
 }
 
 /// What a slot source saw during a session.
@@ -53,9 +70,10 @@ impl SlotLog {
     /// Whether this node leads `slot`, per the schedules fetched.
     pub fn is_leader(&self, slot: u64) -> bool {
         self.epochs.iter().any(|e| {
-            slot >= e.first_slot
-                && slot < e.first_slot + e.slots_in_epoch
-                && e.leader_slots.binary_search(&slot).is_ok()
+            slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch && {
+                let i = e.leader_runs.partition_point(|r| r.1 <= slot);
+                e.leader_runs.get(i).is_some_and(|r| r.0 <= slot)
+            }
         })
     }
 
@@ -214,11 +232,31 @@ mod tests {
             epochs: vec![EpochSchedule {
                 first_slot: 1000,
                 slots_in_epoch: 432_000,
-                leader_slots: vec![1004, 1005, 1006, 1007],
+                leader_runs: leader_runs(vec![1004, 1005, 1006, 1007]),
             }],
             warnings: vec![],
             marks: vec![],
         }
+    }
+
+    #[test]
+    fn leader_slots_are_kept_as_runs_and_looked_up_exactly() {
+        assert_eq!(
+            leader_runs(vec![9, 4, 5, 6, 7, 20, 21, 5]),
+            vec![(4, 8), (9, 10), (20, 22)]
+        );
+        assert_eq!(leader_runs(vec![]), vec![]);
+        let l = SlotLog {
+            epochs: vec![EpochSchedule {
+                first_slot: 0,
+                slots_in_epoch: 100,
+                leader_runs: leader_runs(vec![4, 5, 6, 7, 9, 20, 21]),
+            }],
+            ..log(&[])
+        };
+        let leads: Vec<u64> = (0..30).filter(|&s| l.is_leader(s)).collect();
+        assert_eq!(leads, vec![4, 5, 6, 7, 9, 20, 21]);
+        assert!(!l.is_leader(100), "outside the epoch");
     }
 
     #[test]

@@ -104,15 +104,12 @@ async fn fetch_schedule(ep: &RpcEndpoint, identity: &str) -> anyhow::Result<Epoc
         .ok_or_else(|| anyhow!("getEpochInfo: slotIndex > absoluteSlot"))?;
     let sched = call(ep, "getLeaderSchedule", json!([absolute, {"identity": identity}])).await?;
     let leader_slots = match sched.get(identity) {
-        Some(Value::Array(idx)) => {
-            let mut v: Vec<u64> = idx
-                .iter()
+        Some(Value::Array(idx)) => super::leader_runs(
+            idx.iter()
                 .filter_map(Value::as_u64)
-                .map(|i| first_slot + i)
-                .collect();
-            v.sort_unstable();
-            v
-        }
+                .filter_map(|i| first_slot.checked_add(i))
+                .collect(),
+        ),
         // Not a leader this epoch (or no schedule yet): no leader slots.
         _ if sched.is_null() || sched.is_object() => Vec::new(),
         _ => bail!("getLeaderSchedule: unexpected answer shape"),
@@ -120,7 +117,7 @@ async fn fetch_schedule(ep: &RpcEndpoint, identity: &str) -> anyhow::Result<Epoc
     Ok(EpochSchedule {
         first_slot,
         slots_in_epoch,
-        leader_slots,
+        leader_runs: leader_slots,
     })
 }
 
