@@ -162,6 +162,9 @@ impl Batcher {
 /// The reader thread and its queue.
 pub struct RingReader {
     rx: mpsc::UnboundedReceiver<Batch>,
+    /// CLOCK_MONOTONIC ns at which the reader's last complete drain of the
+    /// ring began: every record committed before it is queued.
+    synced: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
     queued: Arc<AtomicUsize>,
@@ -189,16 +192,20 @@ impl RingReader {
             spare: Spare::default(),
         };
         let stopping = stop.clone();
+        let synced = Arc::new(AtomicU64::new(0));
+        let synced_by_reader = synced.clone();
         let thread = std::thread::Builder::new()
             .name("slotprof-ring".into())
             .spawn(move || {
                 let fd = ring.as_raw_fd();
                 loop {
                     let last = stopping.load(Ordering::Acquire);
+                    let began = crate::slots::monotonic_ns();
                     while let Some(item) = ring.next() {
                         batcher.push(&item);
                     }
                     batcher.send();
+                    synced_by_reader.store(began, Ordering::Release);
                     if last {
                         return ring;
                     }
@@ -209,6 +216,7 @@ impl RingReader {
             .map_err(|e| anyhow::anyhow!("cannot start the ring buffer's reader thread: {e}"))?;
         Ok(Self {
             rx,
+            synced,
             stop,
             dropped,
             queued,
@@ -225,6 +233,13 @@ impl RingReader {
     /// A batch already queued, without waiting.
     pub fn try_recv(&mut self) -> Option<Batch> {
         self.rx.try_recv().ok()
+    }
+
+    /// Every record committed before this CLOCK_MONOTONIC time is queued
+    /// (read it before taking the queued batches): the reader drains the
+    /// ring only every [`PACE_MS`], so a slot may be cut only up to here.
+    pub fn synced_ns(&self) -> u64 {
+        self.synced.load(Ordering::Acquire)
     }
 
     /// Records dropped because the queue was at its bound.

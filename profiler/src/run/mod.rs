@@ -635,6 +635,10 @@ async fn follow(
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
                 }
+                // What the reader has read up to, taken before the queue is
+                // drained: a slot ending after it may still have records in
+                // the kernel's ring (the reader drains it every 10 ms).
+                let synced = ring.synced_ns();
                 drain(&mut ring, &mut pending, &slot_log, &mut stacks.user);
                 stacks.user.expire(&mut |e| pending.push(&slot_log, e));
                 probes.set_stack_tops(&stacks.user.take_stack_tops());
@@ -643,7 +647,7 @@ async fn follow(
                 // system call that slept more than once exits late; at
                 // most 2 s) holds its slot back instead of arriving after
                 // it and being dropped as late.
-                let now = monotonic_ns();
+                let now = monotonic_ns().min(synced);
                 let ready = stacks.user.oldest_held_start_ns().map_or(now, |t| now.min(t + GRACE_NS));
                 let done = finished_slots(&slot_source, &slot_log, origin, processed_until, ready);
                 if !done.is_empty() {
