@@ -244,16 +244,7 @@ mod tests {
     }
 
     fn inputs<'a>(names: &'a HashMap<u32, String>) -> Inputs<'a> {
-        Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &[],
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: names,
-        }
+        crate::detectors::test_support::empty_inputs(names)
     }
 
     #[test]

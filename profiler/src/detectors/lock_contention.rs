@@ -206,14 +206,9 @@ mod tests {
         names: &'a HashMap<u32, String>,
     ) -> Inputs<'a> {
         Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &[],
             futex: waits,
-            loop_marks: &[],
             short_futex,
-            thread_names: names,
+            ..empty_inputs(names)
         }
     }
 

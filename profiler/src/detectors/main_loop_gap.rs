@@ -306,14 +306,11 @@ mod tests {
         names: &'a HashMap<u32, String>,
     ) -> Inputs<'a> {
         Inputs {
-            pid: 1,
             samples,
             intervals,
             madvise,
-            futex: &[],
             loop_marks: marks,
-            short_futex: &[],
-            thread_names: names,
+            ..empty_inputs(names)
         }
     }
 
@@ -566,14 +563,10 @@ mod tests {
         let madv = [super::super::test_support::madvise(8, 2 * MS, 10 * MS, 4096, 5)];
         let fut = [futex(8, 2 * MS, 10 * MS, 0x10, 5, 0)];
         let inp = Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
             madvise: &madv,
             futex: &fut,
             loop_marks: &marks,
-            short_futex: &[],
-            thread_names: &names,
+            ..empty_inputs(&names)
         };
         let mut n = namer(HashMap::new());
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);

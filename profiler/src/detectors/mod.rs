@@ -220,6 +220,20 @@ pub(crate) mod test_support {
 
     use super::*;
 
+    /// Inputs of process 1 with no events at all (tests fill in theirs).
+    pub fn empty_inputs(names: &HashMap<u32, String>) -> Inputs<'_> {
+        Inputs {
+            pid: 1,
+            samples: &[],
+            intervals: &[],
+            madvise: &[],
+            futex: &[],
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names: names,
+        }
+    }
+
     pub fn comm(s: &str) -> [u8; COMM_LEN] {
         let mut c = [0; COMM_LEN];
         c[..s.len()].copy_from_slice(s.as_bytes());
@@ -310,14 +324,9 @@ mod tests {
         names: &'a HashMap<u32, String>,
     ) -> Inputs<'a> {
         Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
             madvise,
-            futex: &[],
             loop_marks: marks,
-            short_futex: &[],
-            thread_names: names,
+            ..empty_inputs(names)
         }
     }
 

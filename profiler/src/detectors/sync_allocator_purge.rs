@@ -162,14 +162,8 @@ mod tests {
         names: &'a HashMap<u32, String>,
     ) -> Inputs<'a> {
         Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
             madvise: calls,
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: names,
+            ..empty_inputs(names)
         }
     }
 
