@@ -27,11 +27,16 @@ impl Folded {
             if i > 0 {
                 key.push(';');
             }
-            key.extend(frame.as_ref().chars().map(|c| match c {
-                ';' => ':',
-                '\n' | '\r' => ' ',
-                c => c,
-            }));
+            let frame = frame.as_ref();
+            if frame.bytes().any(|b| matches!(b, b';' | b'\n' | b'\r')) {
+                key.extend(frame.chars().map(|c| match c {
+                    ';' => ':',
+                    '\n' | '\r' => ' ',
+                    c => c,
+                }));
+            } else {
+                key.push_str(frame);
+            }
         }
         if key.is_empty() {
             key.push_str("[empty stack]");
@@ -60,8 +65,10 @@ impl Folded {
     }
 
     /// Sum of all values.
+    /// The sum of all counts (saturating: a parsed file's counts may add up
+    /// past u64).
     pub fn total(&self) -> u64 {
-        self.stacks.values().sum()
+        self.stacks.values().fold(0u64, |a, &v| a.saturating_add(v))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -84,7 +91,7 @@ impl Folded {
         self.iter()
             .filter(|(stack, _)| stack.split(';').any(&matches))
             .map(|(_, v)| v)
-            .sum()
+            .fold(0u64, |a, v| a.saturating_add(v))
     }
 
     /// The folded text: one `stack value` line per stack, sorted.
@@ -103,6 +110,7 @@ impl Folded {
     /// trailing count is an error naming the line.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let mut folded = Folded::new();
+        let mut total = 0u64;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim_end();
             if line.is_empty() {
@@ -112,6 +120,10 @@ impl Folded {
                 .rsplit_once(' ')
                 .and_then(|(s, v)| Some((s, v.parse::<u64>().ok()?)))
                 .ok_or_else(|| anyhow::anyhow!("line {}: expected `stack count`, got {line:?}", n + 1))?;
+            // Every count is at most the running total: one check bounds both.
+            total = total.checked_add(value).ok_or_else(|| {
+                anyhow::anyhow!("line {}: the counts add up past 2^64: not a profile", n + 1)
+            })?;
             *folded.stacks.entry(stack.to_string()).or_default() += value;
         }
         Ok(folded)

@@ -6,6 +6,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+/// Maps on the per-interval path (foldhash: seeded per process, cheaper than
+/// SipHash on small keys).
+type FastMap<K, V> = foldhash::HashMap<K, V>;
+
 use flamegraphs::Folded;
 use profiler_ebpf::{
     stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
@@ -297,11 +301,11 @@ impl Aggregator {
     /// Names every counted stack and builds the whole session's profiles.
     pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> std::io::Result<Profiles> {
         let mut names = StackNamer::new(stacks, sym);
-        let mut on: HashMap<StackKey, u64> = HashMap::new();
+        let mut on: FastMap<StackKey, u64> = FastMap::default();
         for (_, key) in &self.sample_log {
             *on.entry(*key).or_default() += 1;
         }
-        let mut off: HashMap<(StackKey, bool), u64> = HashMap::new();
+        let mut off: FastMap<(StackKey, bool), u64> = FastMap::default();
         self.interval_log.for_each(|i| {
             *off.entry((i.key, i.preempted)).or_default() += i.end_ns.saturating_sub(i.start_ns);
         })?;
@@ -342,8 +346,8 @@ impl Aggregator {
         for first in (0..slots.len()).step_by(SLOTS_PER_PASS) {
             let last = (first + SLOTS_PER_PASS).min(slots.len());
             let (lo, hi) = (slots[first].start_ns, slots[last - 1].end_ns);
-            let mut on: Vec<HashMap<StackKey, u64>> = vec![HashMap::new(); last - first];
-            let mut off: Vec<HashMap<(StackKey, bool), u64>> = vec![HashMap::new(); last - first];
+            let mut on: Vec<FastMap<StackKey, u64>> = vec![FastMap::default(); last - first];
+            let mut off: Vec<FastMap<(StackKey, bool), u64>> = vec![FastMap::default(); last - first];
             for (ts, key) in &self.sample_log {
                 if let Some(i) = timeline.slot_at(*ts).filter(|i| (first..last).contains(i)) {
                     *on[i - first].entry(*key).or_default() += 1;
@@ -362,8 +366,8 @@ impl Aggregator {
             for (j, (on, off)) in on.iter_mut().zip(off.iter_mut()).enumerate() {
                 let p = names.profiles(on, off);
                 // This slot's counts are done with.
-                *on = HashMap::new();
-                *off = HashMap::new();
+                *on = FastMap::default();
+                *off = FastMap::default();
                 each(first + j, p)?;
             }
         }
@@ -476,7 +480,7 @@ pub fn waker_is_task(context: i32) -> bool {
 pub struct StackNamer<'a> {
     stacks: &'a StackTable,
     sym: &'a mut Symbolizer,
-    cache: HashMap<(u32, i32, bool), Vec<String>>,
+    cache: FastMap<(u32, i32, bool), std::rc::Rc<[String]>>,
 }
 
 impl<'a> StackNamer<'a> {
@@ -484,23 +488,23 @@ impl<'a> StackNamer<'a> {
         Self {
             stacks,
             sym,
-            cache: HashMap::new(),
+            cache: FastMap::default(),
         }
     }
 
     /// Folded on-CPU (samples) and off-CPU (ns) profiles from counts by stack.
-    fn profiles(&mut self, on: &HashMap<StackKey, u64>, off: &HashMap<(StackKey, bool), u64>) -> Profiles {
+    fn profiles(&mut self, on: &FastMap<StackKey, u64>, off: &FastMap<(StackKey, bool), u64>) -> Profiles {
         let mut oncpu = Folded::new();
         let mut depths = Vec::new();
         for (key, &count) in on {
             if let Some(user) = self.stacks.get(&key.user_stack_id) {
                 depths.extend(std::iter::repeat_n(user.len(), count as usize));
             }
-            oncpu.add(self.frames(key, false), count);
+            self.add_to(&mut oncpu, key, false, count);
         }
         let mut offcpu = Folded::new();
         for ((key, preempted), &ns) in off {
-            offcpu.add(self.frames(key, *preempted), ns);
+            self.add_to(&mut offcpu, key, *preempted, ns);
         }
         depths.sort_unstable();
         Profiles {
@@ -510,18 +514,27 @@ impl<'a> StackNamer<'a> {
         }
     }
 
-    fn frames(&mut self, key: &StackKey, preempted: bool) -> Vec<String> {
-        let mut frames = vec![comm_str(&key.comm)];
-        frames.extend(self.part(key.tgid, key.user_stack_id, false));
-        frames.extend(self.part(key.tgid, key.kernel_stack_id, true));
-        if preempted {
-            frames.push("[preempted: waiting for a CPU]".to_string());
-        }
-        frames
+    /// Adds `value` to `folded` at the stack of `key`: thread, user part,
+    /// kernel part (root first), and the preemption marker; names borrowed
+    /// from the cache, not copied.
+    fn add_to(&mut self, folded: &mut Folded, key: &StackKey, preempted: bool, value: u64) {
+        let user = self.shared_part(key.tgid, key.user_stack_id, false);
+        let kernel = self.shared_part(key.tgid, key.kernel_stack_id, true);
+        let comm = comm_str(&key.comm);
+        let frames = std::iter::once(comm.as_str())
+            .chain(user.iter().map(String::as_str))
+            .chain(kernel.iter().map(String::as_str))
+            .chain(preempted.then_some("[preempted: waiting for a CPU]"));
+        folded.add(frames, value);
     }
 
     /// The user or kernel part of a stack, root first.
     pub fn part(&mut self, tgid: u32, id: i32, kernel: bool) -> Vec<String> {
+        self.shared_part(tgid, id, kernel).to_vec()
+    }
+
+    /// [`Self::part`], shared with the cache.
+    fn shared_part(&mut self, tgid: u32, id: i32, kernel: bool) -> std::rc::Rc<[String]> {
         let cache_key = (if kernel { 0 } else { tgid }, id, kernel);
         if let Some(f) = self.cache.get(&cache_key) {
             return f.clone();
@@ -558,8 +571,8 @@ impl<'a> StackNamer<'a> {
                 };
                 leaf_first.extend(
                     names
-                        .into_iter()
-                        .map(|n| if kernel { format!("{n}_[k]") } else { n }),
+                        .iter()
+                        .map(|n| if kernel { format!("{n}_[k]") } else { n.clone() }),
                 );
             }
             leaf_first.reverse();
@@ -567,6 +580,7 @@ impl<'a> StackNamer<'a> {
         } else {
             vec![format!("[{side} stack missing]")]
         };
+        let frames: std::rc::Rc<[String]> = frames.into();
         self.cache.insert(cache_key, frames.clone());
         frames
     }

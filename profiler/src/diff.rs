@@ -14,7 +14,7 @@ pub fn load(input: &Path, offcpu: bool) -> anyhow::Result<(PathBuf, Folded)> {
     } else {
         input.to_path_buf()
     };
-    let text = std::fs::read_to_string(&path).with_context(|| {
+    let text = read_bounded(&path).with_context(|| {
         format!(
             "cannot read {}: give a slot, window or session directory (e.g. OUT/slots/1234) or a .folded file",
             path.display()
@@ -23,6 +23,28 @@ pub fn load(input: &Path, offcpu: bool) -> anyhow::Result<(PathBuf, Folded)> {
     let folded =
         Folded::parse(&text).with_context(|| format!("{} is not a folded-stacks file", path.display()))?;
     Ok((path, folded))
+}
+
+/// The largest folded file read (a day of a validator's stacks is tens of MB).
+const MAX_FOLDED_BYTES: u64 = 1 << 30;
+
+/// A regular file's text, at most [`MAX_FOLDED_BYTES`] (not a device or a
+/// pipe that never ends).
+fn read_bounded(path: &Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        anyhow::bail!("not a regular file");
+    }
+    let mut text = String::new();
+    f.take(MAX_FOLDED_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FOLDED_BYTES {
+        anyhow::bail!(
+            "larger than {} GiB: not a profile slotprof wrote",
+            MAX_FOLDED_BYTES >> 30
+        );
+    }
+    Ok(text)
 }
 
 /// Writes the differential SVG of `before` -> `after` to `out`.
@@ -92,5 +114,25 @@ mod tests {
         );
         assert!(err.contains("give a slot, window or session directory"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_device_and_counts_past_u64_are_errors_not_hangs_or_wraps() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("d.svg");
+        let ok = dir.path().join("ok.folded");
+        std::fs::write(&ok, "a;b 1\n").unwrap();
+        let err = format!(
+            "{:#}",
+            run(Path::new("/dev/zero"), &ok, false, false, &out).unwrap_err()
+        );
+        assert!(err.contains("not a regular file"), "{err}");
+        let huge = dir.path().join("huge.folded");
+        std::fs::write(&huge, format!("a;b {}\na;c {}\n", u64::MAX, u64::MAX)).unwrap();
+        let err = format!("{:#}", run(&huge, &ok, false, false, &out).unwrap_err());
+        assert!(err.contains("past 2^64"), "{err}");
+        std::fs::write(&huge, format!("a;b {}\na;b 1\n", u64::MAX)).unwrap();
+        let err = format!("{:#}", run(&huge, &ok, false, false, &out).unwrap_err());
+        assert!(err.contains("past 2^64"), "{err}");
     }
 }

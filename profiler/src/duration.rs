@@ -12,8 +12,13 @@ pub fn number_and_unit(text: &str) -> (&str, &str) {
     (num, unit.trim())
 }
 
+/// The longest duration accepted anywhere (ten years): long enough for any
+/// session or retention, short enough that it fits u64 nanoseconds and can
+/// be added to any instant.
+pub const MAX: Duration = Duration::from_secs(3650 * 86400);
+
 /// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d`; a bare
-/// number is seconds.
+/// number is seconds. At most [`MAX`].
 pub fn parse(text: &str) -> Result<Duration, String> {
     let (num, unit) = number_and_unit(text);
     let value: f64 = num
@@ -37,6 +42,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{text:?} is not a duration"));
     }
+    if secs > MAX.as_secs_f64() {
+        return Err(format!("{text:?} is too long: at most 3650d (ten years)"));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
 
@@ -53,5 +61,17 @@ mod tests {
         assert!(parse("fast").unwrap_err().contains("30s"));
         assert_eq!(parse("7d").unwrap(), Duration::from_secs(7 * 86400));
         assert!(parse("3w").unwrap_err().contains("unit"));
+    }
+
+    #[test]
+    fn huge_durations_are_an_error_not_a_panic() {
+        for text in ["99999999999999999999s", "3651d", "9999999999999999999999999h"] {
+            let e = parse(text).unwrap_err();
+            assert!(
+                e.contains("at most 3650d") || e.contains("not a duration"),
+                "{text}: {e}"
+            );
+        }
+        assert_eq!(parse("3650d").unwrap(), MAX);
     }
 }

@@ -56,7 +56,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Attach(a) => {
             let target = Target::from_pid(a.pid)?;
             privileges::require_bpf()?;
-            privileges::raise_memlock_limit();
+            privileges::raise_limits();
+            profiler::output::prepare_out_dir(&a.profile.out)?;
             let opts = SessionOptions {
                 duration: Some(a.duration),
                 freq_hz: a.profile.freq,
@@ -83,7 +84,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Host(h) => {
             privileges::require_bpf()?;
-            privileges::raise_memlock_limit();
+            privileges::raise_limits();
             let outcome = profiler::host::run(&profiler::host::HostOptions {
                 duration: h.duration,
                 out: h.out,
@@ -125,7 +126,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             }
             privileges::require_bpf()?;
-            privileges::raise_memlock_limit();
+            privileges::raise_limits();
             profiler::run::run(profiler::run::RunOptions {
                 config: r.config,
                 pid: r.pid,
@@ -145,8 +146,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Record(r) => {
             let exe = find_program(&r.command[0])?;
             privileges::require_bpf()?;
-            privileges::raise_memlock_limit();
+            profiler::output::prepare_out_dir(&r.profile.out)?;
             let (held, pid) = spawn_held(&r.command)?;
+            // After the spawn: the command runs with the limits it was
+            // given, not slotprof's raised ones.
+            privileges::raise_limits();
             let target = Target::from_pid(pid)?;
             let opts = SessionOptions {
                 duration: r.duration,

@@ -62,6 +62,9 @@ pub struct Snapshot {
     pub slots_summarised: u64,
     /// Slots not written: the export file system was below its floor.
     pub slots_skipped: u64,
+    /// Slots whose write failed, and every failed write of the export.
+    pub slots_failed: u64,
+    pub export_write_errors: u64,
     /// Bytes the export holds now.
     pub export_bytes: u64,
     /// Stacks emptied from the kernel's stack maps as they took turns
@@ -72,6 +75,8 @@ pub struct Snapshot {
     pub user_stacks: BTreeMap<&'static str, u64>,
     /// Bytes of unwind tables (.eh_frame etc.) held for the target's modules.
     pub unwind_table_bytes: u64,
+    /// Times the symbol tables were released after going unused.
+    pub symbol_releases: u64,
 }
 
 impl Default for Snapshot {
@@ -84,10 +89,13 @@ impl Default for Snapshot {
             slots_exported: 0,
             slots_summarised: 0,
             slots_skipped: 0,
+            slots_failed: 0,
+            export_write_errors: 0,
             export_bytes: 0,
             stacks_emptied: 0,
             user_stacks: BTreeMap::new(),
             unwind_table_bytes: 0,
+            symbol_releases: 0,
         }
     }
 }
@@ -179,7 +187,7 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
         &mut out,
         "slotprof_slots_exported_total",
         "counter",
-        "Slots exported in full, as one summary line, or skipped below the free-space floor.",
+        "Slots exported in full, or as one summary line.",
         vec![
             format!(
                 "slotprof_slots_exported_total{{mode=\"full\"}} {}",
@@ -189,11 +197,30 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
                 "slotprof_slots_exported_total{{mode=\"summary\"}} {}",
                 s.slots_summarised
             ),
+        ],
+    );
+    section(
+        &mut out,
+        "slotprof_slots_not_exported_total",
+        "counter",
+        "Slots not exported: the export file system below its free-space floor, or the slot's write failed.",
+        vec![
             format!(
-                "slotprof_slots_exported_total{{mode=\"skipped_low_space\"}} {}",
+                "slotprof_slots_not_exported_total{{reason=\"low_space\"}} {}",
                 s.slots_skipped
             ),
+            format!(
+                "slotprof_slots_not_exported_total{{reason=\"write_failed\"}} {}",
+                s.slots_failed
+            ),
         ],
+    );
+    section(
+        &mut out,
+        "slotprof_export_write_errors_total",
+        "counter",
+        "Writes of the export that failed (slots, windows, the hour's profiles, the index); slotprof goes on.",
+        vec![format!("slotprof_export_write_errors_total {}", s.export_write_errors)],
     );
     section(
         &mut out,
@@ -225,6 +252,13 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
         "gauge",
         "Bytes of unwind tables (.eh_frame, .debug_frame) held for the target's modules.",
         vec![format!("slotprof_unwind_table_bytes {}", s.unwind_table_bytes)],
+    );
+    section(
+        &mut out,
+        "slotprof_symbol_table_releases_total",
+        "counter",
+        "Times the parsed symbol tables (debug info, kernel symbols) were released after a minute unused; a lookup after that parses them again.",
+        vec![format!("slotprof_symbol_table_releases_total {}", s.symbol_releases)],
     );
     section(
         &mut out,
@@ -268,19 +302,36 @@ fn heap_bytes() -> Option<(u64, u64)> {
 }
 
 /// Serves /metrics and / until the task is dropped.
+/// Connections served at once; one more is closed as soon as it is
+/// accepted (a scraper needs one; idle clients must not take the
+/// descriptors the profiling itself needs).
+pub const MAX_CONNECTIONS: usize = 32;
+
 pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, index: PathBuf) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
+        let mut conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            // Out of descriptors (or another transient failure): the
+            // listener stays readable, so wait instead of spinning.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            drop(conn);
             continue;
         };
         let state = state.clone();
         let index = index.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             // The request line may come in several segments: read until the
-            // end of the head (or 4 KiB, or 5 s), never answering a part.
+            // end of the head (or 4 KiB, or 3 s), never answering a part.
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
             while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
                 match tokio::time::timeout_at(deadline, conn.read(&mut buf[n..])).await {
                     Ok(Ok(0)) => break,
@@ -457,5 +508,69 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         server.abort();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn eleven_hundred_idle_connections_hold_few_descriptors_and_scrapes_resume() {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit on a local struct.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        if lim.rlim_max < 4096 {
+            eprintln!(
+                "SKIPPED: the hard descriptor limit ({}) is below 4096",
+                lim.rlim_max
+            );
+            return;
+        }
+        lim.rlim_cur = lim.rlim_cur.max(4096);
+        // SAFETY: as above.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Mutex::new(snapshot())),
+            std::path::PathBuf::from("/nonexistent/index.html"),
+        ));
+        let before = open_descriptors();
+        let mut idle = Vec::new();
+        for _ in 0..1100 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let held_by_server = open_descriptors() - before - idle.len();
+        assert!(
+            held_by_server <= MAX_CONNECTIONS + 4,
+            "the server holds {held_by_server} descriptors for 1,100 idle clients"
+        );
+        // The idle clients keep their sockets open; a scrape gets through once
+        // the server has timed out the ones it took (3 s), and at once after.
+        let scrape = || async {
+            let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .ok()?;
+            let mut out = String::new();
+            c.read_to_string(&mut out).await.ok()?;
+            out.starts_with("HTTP/1.1 200 OK").then_some(())
+        };
+        let began = std::time::Instant::now();
+        while scrape().await.is_none() {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(10),
+                "no scrape answered in 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert!(scrape().await.is_some());
+        drop(idle);
+        server.abort();
     }
 }

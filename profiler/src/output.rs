@@ -109,6 +109,23 @@ pub fn temp_dir_beside(dir: &Path) -> std::io::Result<std::path::PathBuf> {
     Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
+/// Makes sure the session's output directory `dir` exists (created if not)
+/// and takes new files, before anything is attached: a session must not
+/// run for minutes and then find it cannot write.
+pub fn prepare_out_dir(dir: &Path) -> anyhow::Result<()> {
+    let hint = "give --out a directory slotprof can write";
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create output directory {}: {hint}", dir.display()))?;
+    if !std::fs::metadata(dir)?.is_dir() {
+        anyhow::bail!("output directory {} is not a directory: {hint}", dir.display());
+    }
+    let (tmp, file) = create_temp(dir, "write-check")
+        .with_context(|| format!("cannot write into output directory {}: {hint}", dir.display()))?;
+    drop(file);
+    let _ = std::fs::remove_file(tmp);
+    Ok(())
+}
+
 /// Writes a new file `path` (O_EXCL, no symlink followed), without a sync:
 /// for files inside a directory made by [`temp_dir_beside`], which one
 /// rename publishes whole.
@@ -121,6 +138,25 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_directory_that_cannot_take_files_is_refused_up_front() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("a/b");
+        prepare_out_dir(&fresh).unwrap();
+        assert!(fresh.is_dir());
+        assert_eq!(
+            std::fs::read_dir(&fresh).unwrap().count(),
+            0,
+            "the check leaves nothing"
+        );
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let err = format!("{:#}", prepare_out_dir(&file).unwrap_err());
+        assert!(err.contains("--out"), "{err}");
+        let err = format!("{:#}", prepare_out_dir(Path::new("/proc/x")).unwrap_err());
+        assert!(err.contains("--out"), "{err}");
+    }
 
     #[test]
     fn replaces_whole_and_leaves_no_temp() {

@@ -30,8 +30,25 @@ fn effective_caps() -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-/// Lifts RLIMIT_MEMLOCK: kernels before 5.11 charge BPF maps against it.
-pub fn raise_memlock_limit() {
+/// Lifts RLIMIT_MEMLOCK (kernels before 5.11 charge BPF maps against it)
+/// and the soft RLIMIT_NOFILE to its hard limit (the default soft 1,024 is
+/// too few for a target's maps, unwind files and /metrics clients at once).
+pub fn raise_limits() {
+    raise_memlock_limit();
+    let mut nofile = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct; setrlimit reads it.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut nofile) == 0 && nofile.rlim_cur < nofile.rlim_max {
+            nofile.rlim_cur = nofile.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &nofile);
+        }
+    }
+}
+
+fn raise_memlock_limit() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,

@@ -567,7 +567,8 @@ impl detectors::cache_line_ping_pong::AddressNames for SymNames<'_> {
         let name = self
             .sym
             .user_frame(self.pid, addr, false)
-            .pop()
+            .last()
+            .cloned()
             .unwrap_or_default();
         match self.sym.function_start(self.pid, addr) {
             Some(start) => format!("{name}+{:#x}", addr - start),

@@ -228,23 +228,20 @@ impl Timeline {
 
     /// How `[start, end)` divides among slots: `(slot index, ns)` for each
     /// slot it overlaps. Time outside every slot is left out.
-    pub fn split(&self, start: u64, end: u64) -> Vec<(usize, u64)> {
-        let mut out = Vec::new();
-        if end <= start {
-            return out;
-        }
-        let mut i = self.slots.partition_point(|s| s.end_ns <= start);
-        while let Some(s) = self.slots.get(i) {
-            if s.start_ns >= end {
-                break;
-            }
-            let overlap = end.min(s.end_ns).saturating_sub(start.max(s.start_ns));
-            if overlap > 0 {
-                out.push((i, overlap));
-            }
-            i += 1;
-        }
-        out
+    pub fn split(&self, start: u64, end: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let first = if end <= start {
+            self.slots.len()
+        } else {
+            self.slots.partition_point(|s| s.end_ns <= start)
+        };
+        self.slots[first..]
+            .iter()
+            .take_while(move |s| s.start_ns < end)
+            .enumerate()
+            .filter_map(move |(k, s)| {
+                let overlap = end.min(s.end_ns).saturating_sub(start.max(s.start_ns));
+                (overlap > 0).then_some((first + k, overlap))
+            })
     }
 }
 
@@ -345,9 +342,9 @@ mod tests {
         assert_eq!(t.slot_at(19), Some(1));
         assert_eq!(t.slot_at(25), None);
         assert_eq!(t.slot_at(40), None);
-        assert_eq!(t.split(5, 35), vec![(0, 5), (1, 10), (2, 5)]);
-        assert_eq!(t.split(21, 29), vec![]);
-        let total: u64 = t.split(0, 40).iter().map(|(_, ns)| ns).sum();
+        assert_eq!(t.split(5, 35).collect::<Vec<_>>(), vec![(0, 5), (1, 10), (2, 5)]);
+        assert_eq!(t.split(21, 29).collect::<Vec<_>>(), vec![]);
+        let total: u64 = t.split(0, 40).map(|(_, ns)| ns).sum();
         assert_eq!(total, 30);
     }
 
@@ -407,8 +404,8 @@ mod tests {
     #[test]
     fn a_slot_of_no_length_takes_no_share() {
         let t = Timeline::new(vec![slot(0, 0, 10), slot(1, 10, 10), slot(2, 10, 20)]);
-        assert_eq!(t.split(5, 15), vec![(0, 5), (2, 5)]);
-        assert_eq!(t.split(7, 7), vec![]);
+        assert_eq!(t.split(5, 15).collect::<Vec<_>>(), vec![(0, 5), (2, 5)]);
+        assert_eq!(t.split(7, 7).collect::<Vec<_>>(), vec![]);
     }
 
     #[test]

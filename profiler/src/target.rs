@@ -20,7 +20,7 @@ pub struct Target {
 impl Target {
     /// Looks `pid` up; a pid with no live process is an error that says so.
     pub fn from_pid(pid: u32) -> anyhow::Result<Self> {
-        let Some((state, start_ticks)) = stat(pid) else {
+        let Some((state, start_ticks)) = stat(pid).ok().flatten() else {
             bail!("no process with pid {pid}: check the pid (e.g. `pgrep -f agave-validator`)");
         };
         if state == 'Z' || state == 'X' {
@@ -39,20 +39,38 @@ impl Target {
     }
 
     /// Whether the process still runs (not gone, not a zombie, not a new
-    /// process that reused the pid).
+    /// process that reused the pid). Only a proof of its end counts: when
+    /// /proc cannot be read for another reason (out of descriptors, out of
+    /// memory) the kernel is asked whether the pid exists at all.
     pub fn is_alive(&self) -> bool {
         match stat(self.pid) {
-            Some((state, start)) => start == self.start_ticks && state != 'Z' && state != 'X',
-            None => false,
+            Ok(Some((state, start))) => start == self.start_ticks && state != 'Z' && state != 'X',
+            Ok(None) => true,
+            Err(e) if gone(&e) => false,
+            Err(_) => {
+                // SAFETY: signal 0 sends nothing; it only checks the pid.
+                let r = unsafe { libc::kill(self.pid as libc::pid_t, 0) };
+                r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+            }
         }
     }
 }
 
-/// State letter and start time from /proc/PID/stat.
-fn stat(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// Whether reading a /proc file failed because the process is gone.
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// State letter and start time from /proc/PID/stat (`Ok(None)`: read but not
+/// understood).
+fn stat(pid: u32) -> std::io::Result<Option<(char, u64)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    Ok(parse_stat(&text))
+}
+
+fn parse_stat(text: &str) -> Option<(char, u64)> {
     // The comm field may hold spaces and parentheses: split after the last ')'.
-    let rest = &text[text.rfind(')')? + 2..];
+    let rest = text.get(text.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split(' ').collect();
     let state = fields.first()?.chars().next()?;
     // Field 22 overall is index 19 after pid and comm.
@@ -71,5 +89,49 @@ mod tests {
         assert!(me.exe.is_some());
         let err = Target::from_pid(u32::MAX - 1).unwrap_err().to_string();
         assert!(err.contains("no process with pid"), "{err}");
+    }
+
+    #[test]
+    fn odd_stat_lines_are_not_understood_and_do_not_panic() {
+        assert_eq!(parse_stat("1 (a)"), None);
+        assert_eq!(parse_stat("1 (a) "), None);
+        assert_eq!(parse_stat("garbage"), None);
+        let line = "7 (a) b) S 1 7 7 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 12345 0 0";
+        assert_eq!(parse_stat(line), Some(('S', 12345)));
+    }
+
+    #[test]
+    fn out_of_descriptors_is_not_the_target_exiting() {
+        // In a child: with no descriptor free, /proc cannot be opened (EMFILE),
+        // and the target must still be alive. A child keeps the test
+        // process's own limit alone.
+        let me = Target::from_pid(std::process::id()).unwrap();
+        // SAFETY: the child allocates (is_alive builds a path); the
+        // allocator resets its locks at fork (glibc and jemalloc both
+        // register fork handlers), and the child only ends in _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: plain syscalls in the child.
+            unsafe {
+                for fd in 3..1024 {
+                    libc::close(fd);
+                }
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+            let open_fails = std::fs::File::open("/proc/self/stat").is_err();
+            let alive = me.is_alive();
+            unsafe { libc::_exit(if open_fails && alive { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "status {status:#x}"
+        );
     }
 }

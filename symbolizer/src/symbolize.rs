@@ -1,6 +1,11 @@
 //! Address to frame names, cached.
 
-use std::{collections::HashMap, path::PathBuf};
+use foldhash::{HashMap, HashMapExt};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
@@ -54,6 +59,10 @@ impl<K: std::hash::Hash + Eq, V: Clone> Bounded<K, V> {
     }
 }
 
+/// The frames at one address, innermost first: shared with the cache, so
+/// a hit costs a reference count, not a copy of every name.
+pub type Frames = Arc<[String]>;
+
 /// Symbolizes user addresses of tracked processes and kernel addresses.
 ///
 /// Results are cached per `(file, offset)` and per kernel address, so each
@@ -61,19 +70,20 @@ impl<K: std::hash::Hash + Eq, V: Clone> Bounded<K, V> {
 /// caches are bounded (an always-on session meets ever more addresses).
 pub struct Symbolizer {
     blaze: Blaze,
+    /// When blazesym was last asked, if it was since it was (re)made: its
+    /// parsed files (a validator's decompressed debug sections, the
+    /// kernel's symbol table, their mapped pages) are released after a
+    /// while without a lookup (see [`Self::release_idle`]).
+    blaze_used: Option<Instant>,
+    /// How often blazesym's state was released.
+    pub releases: u64,
     processes: HashMap<u32, ProcessMaps>,
-    user_cache: Bounded<(PathBuf, u64), Vec<String>>,
-    kernel_cache: Bounded<u64, Vec<String>>,
-    /// Our copy of the vDSO image, written on first need, removed on drop.
-    vdso: Option<Option<PathBuf>>,
-}
-
-impl Drop for Symbolizer {
-    fn drop(&mut self) {
-        if let Some(Some(path)) = &self.vdso {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    user_cache: Bounded<(PathBuf, u64), Frames>,
+    kernel_cache: Bounded<u64, Frames>,
+    /// Our copy of the vDSO image, made on first need: an anonymous memory
+    /// file (never a name in a shared directory), read through its
+    /// `/proc/self/fd` path, gone when the symbolizer is dropped.
+    vdso: Option<Option<VdsoImage>>,
 }
 
 impl Default for Symbolizer {
@@ -85,16 +95,37 @@ impl Default for Symbolizer {
 impl Symbolizer {
     pub fn new() -> Self {
         Self {
-            blaze: Blaze::builder()
-                .enable_demangling(true)
-                .enable_inlined_fns(true)
-                .enable_code_info(false)
-                .build(),
+            blaze: new_blaze(),
+            blaze_used: None,
+            releases: 0,
             processes: HashMap::new(),
             user_cache: Bounded::new(CACHE_GENERATION),
             kernel_cache: Bounded::new(CACHE_GENERATION),
             vdso: None,
         }
+    }
+
+    /// Drops blazesym's parsed files if it has not been asked for `idle`
+    /// (the caches of resolved frames stay). An always-on session meets
+    /// new addresses rarely once warm, and a validator's symbols cost tens
+    /// of MiB held (decompressed DWARF, the kernel's symbols, mapped
+    /// pages); a later miss parses the file again. True if released.
+    pub fn release_idle(&mut self, idle: Duration) -> bool {
+        match self.blaze_used {
+            Some(t) if t.elapsed() >= idle => {
+                self.blaze = new_blaze();
+                self.blaze_used = None;
+                self.releases += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// blazesym, noting the use for [`Self::release_idle`].
+    fn blaze(&mut self) -> &Blaze {
+        self.blaze_used = Some(Instant::now());
+        &self.blaze
     }
 
     /// Takes (or refreshes) the memory map of `pid`. Call it when the
@@ -116,29 +147,32 @@ impl Symbolizer {
     /// innermost first. Pass `is_return_address` for every address but a
     /// stack's first: a return address points after the call, so one byte
     /// back is looked up to stay inside the caller's call instruction.
-    pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Vec<String> {
+    pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Frames {
         let Some((mapping, file_offset)) = self.locate(pid, addr, is_return_address) else {
-            return vec![format!("[unknown] {addr:#x}")];
+            return Arc::new([format!("[unknown] {addr:#x}")]);
         };
         let label = mapping.label.clone();
         let path = match &mapping.path {
             Some(p) => p.clone(),
             // The vDSO is the same image in every process on this kernel:
             // our own copy names its functions (clock_gettime & co.).
-            None if mapping.label == "[vdso]" => match self.vdso.get_or_insert_with(write_vdso_image) {
-                Some(p) => p.clone(),
-                None => return vec![format!("[unknown] [vdso]+{file_offset:#x}")],
+            None if mapping.label == "[vdso]" => match self.vdso.get_or_insert_with(VdsoImage::new) {
+                Some(image) => image.path.clone(),
+                None => return Arc::new([format!("[unknown] [vdso]+{file_offset:#x}")]),
             },
-            None => return vec![format!("[unknown] {}+{file_offset:#x}", mapping.label)],
+            None => return Arc::new([format!("[unknown] {}+{file_offset:#x}", mapping.label)]),
         };
         let key = (path, file_offset);
         if let Some(frames) = self.user_cache.get(&key) {
             return frames;
         }
         let src = Source::Elf(Elf::new(&key.0));
-        let frames = match self.blaze.symbolize_single(&src, Input::FileOffset(file_offset)) {
-            Ok(Symbolized::Sym(sym)) => names(&sym),
-            _ => vec![format!("[unknown] {label}+{file_offset:#x}")],
+        let frames: Frames = match self
+            .blaze()
+            .symbolize_single(&src, Input::FileOffset(file_offset))
+        {
+            Ok(Symbolized::Sym(sym)) => names(&sym).into(),
+            _ => Arc::new([format!("[unknown] {label}+{file_offset:#x}")]),
         };
         self.user_cache.insert(key, frames.clone());
         frames
@@ -172,7 +206,10 @@ impl Symbolizer {
         let path = m.path.clone()?;
         let file_offset = addr - m.start + m.file_offset;
         let src = Source::Elf(Elf::new(&path));
-        match self.blaze.symbolize_single(&src, Input::FileOffset(file_offset)) {
+        match self
+            .blaze()
+            .symbolize_single(&src, Input::FileOffset(file_offset))
+        {
             Ok(Symbolized::Sym(sym)) => addr.checked_sub(sym.offset as u64),
             _ => None,
         }
@@ -221,7 +258,7 @@ impl Symbolizer {
     }
 
     /// Frames for a kernel address, innermost first (see [`Self::user_frame`]).
-    pub fn kernel_frame(&mut self, addr: u64, is_return_address: bool) -> Vec<String> {
+    pub fn kernel_frame(&mut self, addr: u64, is_return_address: bool) -> Frames {
         let lookup = if is_return_address {
             addr.saturating_sub(1)
         } else {
@@ -231,26 +268,53 @@ impl Symbolizer {
             return frames;
         }
         let src = Source::Kernel(Kernel::default());
-        let frames = match self.blaze.symbolize_single(&src, Input::AbsAddr(lookup)) {
-            Ok(Symbolized::Sym(sym)) => names(&sym),
-            _ => vec![format!("[unknown] [kernel]+{addr:#x}")],
+        let frames: Frames = match self.blaze().symbolize_single(&src, Input::AbsAddr(lookup)) {
+            Ok(Symbolized::Sym(sym)) => names(&sym).into(),
+            _ => Arc::new([format!("[unknown] [kernel]+{addr:#x}")]),
         };
         self.kernel_cache.insert(lookup, frames.clone());
         frames
     }
 }
 
-/// Writes this process's vDSO image to a file and returns its path.
-fn write_vdso_image() -> Option<PathBuf> {
-    let maps = crate::maps::ProcessMaps::read(std::process::id()).ok()?;
-    let vdso = maps.mappings().iter().find(|m| m.label == "[vdso]")?;
-    // SAFETY: the vDSO mapping is readable for its whole length for the life
-    // of the process.
-    let bytes =
-        unsafe { std::slice::from_raw_parts(vdso.start as *const u8, (vdso.end - vdso.start) as usize) };
-    let path = std::env::temp_dir().join(format!("slotprof-vdso-{}.so", std::process::id()));
-    std::fs::write(&path, bytes).ok()?;
-    Some(path)
+fn new_blaze() -> Blaze {
+    Blaze::builder()
+        .enable_demangling(true)
+        .enable_inlined_fns(true)
+        .enable_code_info(false)
+        .build()
+}
+
+/// This process's vDSO image in an anonymous memory file (memfd): the same
+/// image as every process's on this kernel.
+struct VdsoImage {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl VdsoImage {
+    fn new() -> Option<Self> {
+        use std::{io::Write, os::fd::FromRawFd};
+        let maps = crate::maps::ProcessMaps::read(std::process::id()).ok()?;
+        let vdso = maps.mappings().iter().find(|m| m.label == "[vdso]")?;
+        // SAFETY: the vDSO mapping is readable for its whole length for the
+        // life of the process.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(vdso.start as *const u8, (vdso.end - vdso.start) as usize) };
+        // SAFETY: a NUL-terminated name and valid flags; the returned
+        // descriptor is new and owned by the File made from it.
+        let fd = unsafe { libc::memfd_create(c"slotprof-vdso".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is a new descriptor that nothing else owns.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.write_all(bytes).ok()?;
+        Some(Self {
+            path: PathBuf::from(format!("/proc/self/fd/{fd}")),
+            _file: file,
+        })
+    }
 }
 
 /// A symbol's name and the functions inlined into it at that address,
@@ -314,6 +378,39 @@ pub fn without_parameters(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vdso_functions_are_named_from_a_copy_that_has_no_name_on_disk() {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let pid = std::process::id();
+        let maps = crate::maps::ProcessMaps::read(pid).unwrap();
+        let Some(vdso) = maps.mappings().iter().find(|m| m.label == "[vdso]").cloned() else {
+            eprintln!("SKIPPED: this process has no vDSO mapping");
+            return;
+        };
+        // SAFETY: the vDSO stays mapped and readable for the process's life.
+        let image =
+            unsafe { std::slice::from_raw_parts(vdso.start as *const u8, (vdso.end - vdso.start) as usize) };
+        let elf = object::File::parse(image).unwrap();
+        let base = elf.segments().map(|s| s.address()).min().unwrap();
+        let sym = elf
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("__vdso_clock_gettime"))
+            .expect("the vDSO exports __vdso_clock_gettime");
+        let addr = vdso.start + (sym.address() - base) + 1;
+        let mut s = Symbolizer::new();
+        s.track_process(pid).unwrap();
+        let frames = s.user_frame(pid, addr, false);
+        assert!(frames.iter().any(|f| f.contains("clock_gettime")), "{frames:?}");
+        let path = s.vdso.as_ref().unwrap().as_ref().unwrap().path.clone();
+        assert!(path.starts_with("/proc/self/fd"), "{path:?}");
+        let planted = std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy() == format!("slotprof-vdso-{pid}.so"))
+            .count();
+        assert_eq!(planted, 0, "no vDSO copy in the temporary directory");
+    }
 
     #[test]
     fn cpp_names_lose_their_parameter_lists_and_rust_names_stay() {
@@ -383,6 +480,44 @@ mod tests {
                 .any(|f| f.contains("a_function_with_a_recognizable_name")),
             "{frames:?}"
         );
-        assert_eq!(s.user_frame(pid, 0x10, false), vec!["[unknown] 0x10".to_string()]);
+        assert_eq!(
+            *s.user_frame(pid, 0x10, false),
+            *vec!["[unknown] 0x10".to_string()]
+        );
+    }
+
+    #[inline(never)]
+    fn another_function_with_a_recognizable_name() -> u64 {
+        std::hint::black_box(43)
+    }
+
+    #[test]
+    fn idle_symbol_tables_are_released_and_parsed_again_on_the_next_miss() {
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        s.track_process(pid).unwrap();
+        assert!(!s.release_idle(Duration::ZERO), "nothing parsed yet");
+        let a = a_function_with_a_recognizable_name as *const () as u64;
+        let b = another_function_with_a_recognizable_name as *const () as u64;
+        assert!(s
+            .user_frame(pid, a, false)
+            .iter()
+            .any(|f| f.contains("a_function_with")));
+        assert!(!s.release_idle(Duration::from_secs(3600)), "used just now");
+        assert!(s.release_idle(Duration::ZERO));
+        assert!(!s.release_idle(Duration::ZERO), "released once until used again");
+        assert_eq!(s.releases, 1);
+        // A cached frame needs no tables; a new one parses the file again.
+        assert!(s
+            .user_frame(pid, a, false)
+            .iter()
+            .any(|f| f.contains("a_function_with")));
+        assert!(!s.release_idle(Duration::ZERO), "a cache hit is not a use");
+        let frames = s.user_frame(pid, b, false);
+        assert!(
+            frames.iter().any(|f| f.contains("another_function_with")),
+            "{frames:?}"
+        );
+        assert!(s.release_idle(Duration::ZERO));
     }
 }

@@ -10,8 +10,8 @@
 //! once per file, shared by every process that maps it) and a lookup is a
 //! binary search. [framehop] does the CFI evaluation.
 
+use foldhash::{HashMap, HashMapExt};
 use std::{
-    collections::HashMap,
     ops::Range,
     path::{Path, PathBuf},
     sync::Arc,
@@ -974,7 +974,7 @@ mod tests {
                     .iter()
                     .enumerate()
                     .filter(|(_, a)| !marker::is_marker(**a))
-                    .flat_map(|(i, &a)| sym.user_frame(pid, a, i > 0))
+                    .flat_map(|(i, &a)| sym.user_frame(pid, a, i > 0).to_vec())
                     .collect();
                 let pos = |n: &str| names.iter().position(|f| f.contains(n));
                 assert!(pos("depth3").is_some(), "{names:?}");

@@ -321,7 +321,9 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
     // Long enough to pass the cap (a slot's directory is ~50 KiB here),
     // then SIGTERM while the target still runs.
     let good = std::fs::read_to_string(&config).unwrap();
-    let mut reloads = 0;
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port();
+    let mut reloads = 0usize;
     while started.elapsed() < Duration::from_secs(18) {
         peak = peak.max(du(&export));
         std::thread::sleep(Duration::from_millis(50));
@@ -331,12 +333,28 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
             std::fs::write(&config, body).unwrap();
             unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
         };
-        if reloads == 0 && started.elapsed() > Duration::from_secs(8) {
-            hup(&good.replace("full = \"all\"", "full = \"everything\""));
-            reloads = 1;
-        } else if reloads == 1 && started.elapsed() > Duration::from_secs(10) {
+        // Files that parse but cannot be applied are refused too, and the
+        // daemon goes on (each of these ended it before).
+        let unappliable = [
+            good.replace("full = \"all\"", "full = \"everything\""),
+            good.replace(&format!("127.0.0.1:{metrics}"), &format!("127.0.0.1:{busy_port}")),
+            good.replace("comm = \"synthetic-validator\"", "pid = 2147483646"),
+            good.replace(
+                &format!("source = \"rpc=http://127.0.0.1:{rpc}\""),
+                "source = \"uprobe=/bin/true:no_such_function_here\"",
+            ),
+            good.replace(
+                "retention_bytes = \"1MiB\"",
+                "retention_bytes = \"1MiB\"\nretention_age = \"99999999999999999999s\"",
+            ),
+        ];
+        let at = Duration::from_millis(8000 + 1000 * reloads as u64);
+        if reloads < unappliable.len() && started.elapsed() > at {
+            hup(&unappliable[reloads]);
+            reloads += 1;
+        } else if reloads == unappliable.len() && started.elapsed() > at {
             hup(&good);
-            reloads = 2;
+            reloads += 1;
         }
     }
     let slots_written = std::fs::read_dir(export.join("slots")).unwrap().count();
@@ -346,6 +364,18 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
         said.contains("the new configuration is refused") && said.contains("export.full: \"everything\""),
         "a bad configuration on SIGHUP was not refused with its reason"
     );
+    for reason in [
+        format!("cannot listen on 127.0.0.1:{busy_port}"),
+        "target.pid = 2147483646".to_string(),
+        "no function named \"no_such_function_here\"".to_string(),
+        "is too long: at most 3650d".to_string(),
+    ] {
+        assert!(
+            said.contains(&reason),
+            "an unappliable configuration on SIGHUP was not refused with {reason:?}:\n{said}"
+        );
+    }
+    drop(busy);
     assert!(said.contains("configuration reloaded"), "SIGHUP did not reload");
     let _ = validator.wait();
     assert!(status.success(), "slotprof run exited with {status}");

@@ -1203,17 +1203,20 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
             .sum()
     };
     // Events that came after their slot was cut ("late": counted, not
-    // silent) are bounded; every other loss is a failure.
+    // silent) and stacks lost in the kernel's stack map (a hash collision
+    // in `bpf_get_stackid`: 1 in ~2 million in two 30-minute runs) are
+    // bounded by the 0.1%; every other loss is a failure.
     let late = counter("slotprof_lost_events_total{cause=\"late\"}");
-    let lost = counter("slotprof_lost_events_total") - late;
+    let stacks = counter("slotprof_lost_events_total{cause=\"stacks\"}");
+    let lost = counter("slotprof_lost_events_total") - late - stacks;
     let events = counter("slotprof_samples_total") + counter("slotprof_user_stacks_total");
     assert!(
         row(
             &test,
-            "events lost / late",
-            &format!("{lost} / {late} of ~{events} stacks and samples"),
-            "0 / <= 0.1%",
-            lost == 0.0 && late <= events * 0.001
+            "events lost / late / stacks lost",
+            &format!("{lost} / {late} / {stacks} of ~{events} stacks and samples"),
+            "0 / <= 0.1% / <= 0.1%",
+            lost == 0.0 && late <= events * 0.001 && stacks <= events * 0.001
         ),
         "events lost:\n{scrape_text}"
     );

@@ -916,6 +916,12 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         cpus as f64
     );
     let _ = writeln!(md, "| slots | {} |", metric("slotprof_slots_exported_total"));
+    let _ = writeln!(
+        md,
+        "| slots not exported | {}; {} |",
+        metric("slotprof_slots_not_exported_total"),
+        metric("slotprof_export_write_errors_total")
+    );
     let _ = writeln!(md, "| findings | {} |", metric("slotprof_findings_total"));
     let _ = writeln!(md, "| lost | {} |", metric("slotprof_lost_events_total"));
     let quarter = wall * 0.75;

@@ -176,7 +176,7 @@ impl State {
                     .unwrap_or_default()
                     .iter()
                     .enumerate()
-                    .flat_map(|(i, &addr)| sym.kernel_frame(addr, i > 0))
+                    .flat_map(|(i, &addr)| sym.kernel_frame(addr, i > 0).to_vec())
                     .collect();
                 let source = source::classify(&frames, &comm_str(&e.comm));
                 // Root first, as in every other stack slotprof writes.

@@ -82,13 +82,21 @@ pub struct Exporter {
     paused: bool,
     /// Slots not written for want of space.
     pub skipped_low_space: u64,
+    /// Writes that failed (a slot, a window, the hour, the index), and the
+    /// slots among them: each counted, the export goes on.
+    pub write_errors: u64,
+    pub slots_failed: u64,
+    /// In a run of failed writes (said at its first, and when it ends).
+    failing: bool,
     /// Entries removed by retention.
     pub removed: u64,
     recent: VecDeque<SlotSummary>,
     findings: VecDeque<Finding>,
     dirty: bool,
     last_rewrite: Option<std::time::Instant>,
-    windows: BTreeMap<u64, (Vec<Slot>, Profiles)>,
+    /// Open leader windows: their slots so far, merged profiles, and
+    /// whether any of those slots had findings.
+    windows: BTreeMap<u64, (Vec<Slot>, Profiles, bool)>,
     hour: Option<Hour>,
     /// CLOCK_MONOTONIC to wall clock, in ns.
     mono_to_unix: i128,
@@ -101,6 +109,9 @@ pub enum Exported {
     Summary,
     /// Below the free-space floor: counted, not written.
     Skipped,
+    /// Its write failed (out of space below the floor's margin, out of
+    /// descriptors, ...): counted, said, its temporary files removed.
+    Failed,
 }
 
 fn dir_bytes(p: &Path) -> u64 {
@@ -202,6 +213,9 @@ impl Exporter {
                 .sum(),
             paused: false,
             skipped_low_space: 0,
+            write_errors: 0,
+            slots_failed: 0,
+            failing: false,
             removed: 0,
             recent: VecDeque::new(),
             findings: VecDeque::new(),
@@ -229,6 +243,35 @@ impl Exporter {
         self.retention_age = config.retention_age;
         self.floor = config.free_space_floor;
         self.enforce_retention(None);
+    }
+
+    /// Takes a write's outcome: a failure is counted and said when a run of
+    /// failures begins (not once a slot while the disk stays full), and
+    /// when writes work again. Whether it worked.
+    fn attempt(&mut self, r: anyhow::Result<()>) -> bool {
+        match r {
+            Ok(()) => {
+                if self.failing {
+                    self.failing = false;
+                    eprintln!(
+                        "slotprof: the export is written again ({} writes failed so far)",
+                        self.write_errors
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                self.write_errors += 1;
+                if !self.failing {
+                    self.failing = true;
+                    eprintln!(
+                        "slotprof: warning: {e:#}; slotprof goes on with the next slot (failed writes are \
+                         counted in slotprof_export_write_errors_total; said again when writes work again)"
+                    );
+                }
+                false
+            }
+        }
     }
 
     /// Bytes the export holds.
@@ -354,8 +397,8 @@ impl Exporter {
             self.dirty = true;
         }
         let unix_s = ((slot.start_ns as i128 + self.mono_to_unix) / 1_000_000_000) as i64;
-        self.hour_add(unix_s, p, &summary, meta)?;
-        self.window_add(slot, p, meta)?;
+        self.hour_add(unix_s, p, &summary, meta);
+        self.window_add(slot, p, !summary.findings.is_empty(), meta);
         if !self.room() {
             self.skipped_low_space += 1;
             return Ok(Exported::Skipped);
@@ -371,13 +414,17 @@ impl Exporter {
             slot.number,
             if slot.leader { " (leader)" } else { "" }
         );
-        Self::write_dir(
+        let written = Self::write_dir(
             &dir,
             p,
             meta,
             &sub,
             ("slot.json", &serde_json::to_vec_pretty(&summary)?),
-        )?;
+        );
+        if !self.attempt(written) {
+            self.slots_failed += 1;
+            return Ok(Exported::Failed);
+        }
         self.record(dir.clone());
         if self.recent.len() == RECENT_SLOTS {
             self.recent.pop_front();
@@ -390,7 +437,7 @@ impl Exporter {
 
     /// Adds a leader slot to its window; writes windows that are complete
     /// (this slot is past them).
-    fn window_add(&mut self, slot: &Slot, p: &Profiles, meta: &ProfileMeta) -> anyhow::Result<()> {
+    fn window_add(&mut self, slot: &Slot, p: &Profiles, findings: bool, meta: &ProfileMeta) {
         let done: Vec<u64> = self
             .windows
             .keys()
@@ -398,27 +445,40 @@ impl Exporter {
             .filter(|&w| slot.window != Some(w))
             .collect();
         for w in done {
-            self.window_write(w, meta)?;
+            self.window_write(w, meta);
         }
         if let Some(w) = slot.window {
             let e = self
                 .windows
                 .entry(w)
-                .or_insert_with(|| (Vec::new(), empty_profiles()));
+                .or_insert_with(|| (Vec::new(), empty_profiles(), false));
             e.0.push(slot.clone());
+            e.2 |= findings;
             e.1.oncpu.merge(&p.oncpu);
             e.1.offcpu.merge(&p.offcpu);
             if e.0.len() as u64 == crate::slots::SLOTS_PER_WINDOW {
-                self.window_write(w, meta)?;
+                self.window_write(w, meta);
             }
         }
-        Ok(())
     }
 
-    fn window_write(&mut self, first: u64, meta: &ProfileMeta) -> anyhow::Result<()> {
-        let Some((slots, p)) = self.windows.remove(&first) else {
+    /// Writes a leader window (a failure is counted and said, not returned).
+    fn window_write(&mut self, first: u64, meta: &ProfileMeta) {
+        let r = self.try_window_write(first, meta);
+        self.attempt(r);
+    }
+
+    fn try_window_write(&mut self, first: u64, meta: &ProfileMeta) -> anyhow::Result<()> {
+        let Some((slots, p, findings)) = self.windows.remove(&first) else {
             return Ok(());
         };
+        // The export policy holds for windows too: with `full = "findings"`
+        // a window is written only if one of its slots had findings (a node
+        // that leads often would otherwise render four slots' profiles
+        // every 1.6 s that nobody asked for).
+        if self.policy == FullExport::Findings && !findings {
+            return Ok(());
+        }
         if !self.room() {
             return Ok(());
         }
@@ -438,16 +498,11 @@ impl Exporter {
         Ok(())
     }
 
-    fn hour_add(
-        &mut self,
-        unix_s: i64,
-        p: &Profiles,
-        summary: &SlotSummary,
-        meta: &ProfileMeta,
-    ) -> anyhow::Result<()> {
+    fn hour_add(&mut self, unix_s: i64, p: &Profiles, summary: &SlotSummary, meta: &ProfileMeta) {
         let name = hour_name(unix_s);
         if self.hour.as_ref().is_some_and(|h| h.name != name) {
-            self.hour_write(meta)?;
+            let r = self.hour_write(meta);
+            self.attempt(r);
             self.hour = None;
         }
         let h = self.hour.get_or_insert_with(|| Hour {
@@ -461,9 +516,10 @@ impl Exporter {
             h.oncpu.add(&p.oncpu);
             h.offcpu.add(&p.offcpu);
         }
-        h.lines.push(serde_json::to_string(summary)?);
+        h.lines.push(serde_json::to_string(summary).unwrap_or_default());
         if h.lines.len() >= 64 {
-            self.hour_lines_flush()?;
+            let r = self.hour_lines_flush();
+            self.attempt(r);
         }
         if self
             .hour
@@ -471,9 +527,9 @@ impl Exporter {
             .and_then(|h| h.last_write)
             .is_none_or(|t| t.elapsed() >= HOUR_REWRITE_EVERY)
         {
-            self.hour_write(meta)?;
+            let r = self.hour_write(meta);
+            self.attempt(r);
         }
-        Ok(())
     }
 
     /// Appends the hour's pending summary lines to its slots.jsonl (whole
@@ -541,10 +597,15 @@ impl Exporter {
 
     /// Rewrites findings.json and index.html when they changed (at most
     /// every few seconds unless `now`).
-    pub fn refresh(&mut self, now: bool) -> anyhow::Result<()> {
+    pub fn refresh(&mut self, now: bool) {
         if !self.dirty || (!now && self.last_rewrite.is_some_and(|t| t.elapsed() < REWRITE_EVERY)) {
-            return Ok(());
+            return;
         }
+        let r = self.try_refresh();
+        self.attempt(r);
+    }
+
+    fn try_refresh(&mut self) -> anyhow::Result<()> {
         self.last_rewrite = Some(std::time::Instant::now());
         self.dirty = false;
         let findings: Vec<Finding> = self.findings.iter().cloned().collect();
@@ -566,14 +627,16 @@ impl Exporter {
         Ok(())
     }
 
-    /// Writes everything pending: open windows, the hour, the index.
+    /// Writes everything pending: open windows, the hour, the index (each
+    /// failure counted and said, the rest still tried).
     pub fn flush(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
         let open: Vec<u64> = self.windows.keys().copied().collect();
         for w in open {
-            self.window_write(w, meta)?;
+            self.window_write(w, meta);
         }
-        self.hour_write(meta)?;
-        self.refresh(true)?;
+        let r = self.hour_write(meta);
+        self.attempt(r);
+        self.refresh(true);
         if std::env::var_os("SLOTPROF_DEBUG_LEDGER").is_some() {
             eprintln!(
                 "ledger {} (+{} root) vs disk {}: {:?}",
@@ -657,12 +720,121 @@ mod ledger_tests {
                 aligned: true,
             };
             e.slot(&slot, &p, &[], None, &meta, 1).unwrap();
-            e.refresh(true).unwrap();
+            e.refresh(true);
             assert_eq!(e.bytes(), du(&dir), "after slot {n}");
         }
         e.flush(&meta).unwrap();
         assert_eq!(e.bytes(), du(&dir), "after the flush");
         assert!(du(&dir) <= 200 << 10, "{} over the cap", du(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An exporter into `dir` with `export.full = full`, no hourly
+    /// profiles, and plain profile metadata.
+    fn exporter_in(dir: &Path, full: &str) -> (Exporter, ProfileMeta) {
+        let config = Config::parse(&format!(
+            "[target]\npid = 1\n[export]\ndir = \"{}\"\nfull = \"{full}\"\nhourly_profiles = false\n",
+            dir.display()
+        ))
+        .unwrap();
+        let meta = ProfileMeta {
+            time_nanos: 0,
+            duration_nanos: 0,
+            period_type: None,
+            period: 1,
+            comments: vec![],
+        };
+        (Exporter::open(&config).unwrap(), meta)
+    }
+
+    #[test]
+    fn with_full_findings_only_windows_with_a_finding_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, meta) = exporter_in(dir.path(), "findings");
+        // Three leader windows (0, 4, 8); a finding only in slot 5.
+        for n in 0..12u64 {
+            let mut p = empty_profiles();
+            p.oncpu.add(["main", "f"], 1);
+            let slot = Slot {
+                number: n,
+                start_ns: n * 400_000_000,
+                end_ns: (n + 1) * 400_000_000,
+                leader: true,
+                window: Some(n - n % 4),
+                aligned: true,
+            };
+            let findings = if n == 5 {
+                vec![Finding {
+                    kind: "LockContention",
+                    slot: Some(5),
+                    pid: 1,
+                    tid: 1,
+                    thread: "t".into(),
+                    start_ns: slot.start_ns,
+                    duration_ns: 1,
+                    magnitudes: Default::default(),
+                    cause: None,
+                    stack: vec![],
+                    waker_stack: vec![],
+                    explanation: String::new(),
+                    advice: String::new(),
+                }]
+            } else {
+                vec![]
+            };
+            e.slot(&slot, &p, &findings, None, &meta, 1).unwrap();
+        }
+        e.flush(&meta).unwrap();
+        let names = |sub: &str| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(dir.path().join(sub))
+                .unwrap()
+                .flatten()
+                .map(|d| d.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names("windows"), ["4"]);
+        assert_eq!(names("slots"), ["5"]);
+    }
+
+    #[test]
+    fn a_failed_slot_write_is_counted_and_the_next_slot_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, meta) = exporter_in(dir.path(), "all");
+        let slot = |n: u64| Slot {
+            number: n,
+            start_ns: n * 400_000_000,
+            end_ns: (n + 1) * 400_000_000,
+            leader: false,
+            window: None,
+            aligned: true,
+        };
+        let mut p = empty_profiles();
+        p.oncpu.add(["main", "f"], 1);
+        // `slots/` replaced by a file: every write into it fails (as on a
+        // full disk or without descriptors), and nothing is left behind.
+        let slots = dir.path().join("slots");
+        std::fs::remove_dir(&slots).unwrap();
+        std::fs::write(&slots, b"in the way").unwrap();
+        for n in 0..3 {
+            assert_eq!(
+                e.slot(&slot(n), &p, &[], None, &meta, 1).unwrap(),
+                Exported::Failed
+            );
+        }
+        assert_eq!((e.slots_failed, e.write_errors), (3, 3));
+        std::fs::remove_file(&slots).unwrap();
+        std::fs::create_dir(&slots).unwrap();
+        assert_eq!(e.slot(&slot(3), &p, &[], None, &meta, 1).unwrap(), Exported::Full);
+        assert!(slots.join("3").join("slot.json").exists());
+        e.flush(&meta).unwrap();
+        assert_eq!(e.slots_failed, 3);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|d| d.file_name().to_string_lossy().contains(".tmp."))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 }

@@ -43,6 +43,13 @@ use crate::{
 
 /// How long after a slot's end its events are taken as complete.
 const GRACE_NS: u64 = 30_000_000;
+
+/// Symbol tables unused this long are released (see
+/// `Symbolizer::release_idle`): on the real node the validator's
+/// decompressed debug sections and the kernel's symbols were ~18 MiB of
+/// heap and its mapped file ~14 MiB of RSS, held for lookups that, once
+/// warm, come minutes apart.
+const SYMBOLS_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 /// How often the ring is drained and finished slots looked for.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -77,7 +84,7 @@ enum End {
     /// SIGHUP: read the configuration again.
     Hup,
     /// A new configuration that needs the probes attached again.
-    Reload(Box<Config>),
+    Reload(Box<Prepared>),
     TargetExited,
 }
 
@@ -105,6 +112,40 @@ fn detector_config(config: &Config) -> DetectorConfig {
         topology: None,
         pingpong_threshold: config.pingpong_threshold,
     }
+}
+
+/// A reloaded configuration made ready to take over: everything that can
+/// fail (the new /metrics port, a pid that must exist, uprobe functions
+/// that must resolve) is done before the running configuration is given up.
+struct Prepared {
+    config: Config,
+    listener: Option<tokio::net::TcpListener>,
+}
+
+async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
+    let config = load(o)?;
+    if config.target != running.target {
+        if let TargetSpec::Pid(p) = config.target {
+            Target::from_pid(p).with_context(|| format!("target.pid = {p}"))?;
+        }
+    }
+    if config.slot_source != running.slot_source {
+        if let Some(SlotSourceSpec::Uprobe { binary, function, .. }) = &config.slot_source {
+            crate::session::uprobe_target(binary, function).context("slots.source")?;
+        }
+    }
+    let loop_changed = config.loop_symbol != running.loop_symbol || config.target != running.target;
+    if let (true, Some(f), Ok(target)) = (loop_changed, &config.loop_symbol, find_target(&config.target)) {
+        if let Some(exe) = &target.exe {
+            crate::session::uprobe_target(exe, f).context("detectors.loop_symbol")?;
+        }
+    }
+    let listener = if config.metrics_listen != running.metrics_listen {
+        Some(bind_metrics(&config).await?)
+    } else {
+        None
+    };
+    Ok(Prepared { config, listener })
 }
 
 fn refused(e: &anyhow::Error) {
@@ -150,11 +191,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     };
     let mut lost_before = HashMap::new();
     let mut waiting_said = false;
+    // The configuration before the last reload, until the new one has
+    // followed the target: if attaching under it fails, slotprof goes back.
+    let mut previous: Option<Config> = None;
     loop {
         let end = match find_target(&config.target) {
             Ok(target) => {
                 waiting_said = false;
-                follow(
+                let followed = follow(
                     &o,
                     &config,
                     target,
@@ -163,10 +207,29 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     &mut signals,
                     &mut lost_before,
                 )
-                .await?
+                .await;
+                match (followed, previous.take()) {
+                    (Ok(end), _) => end,
+                    (Err(e), Some(old)) => {
+                        refused(&e);
+                        if old.metrics_listen != config.metrics_listen {
+                            server.abort();
+                            server = start_metrics(&old, &snapshot).await?;
+                        }
+                        exporter.reconfigure(&old);
+                        config = old;
+                        continue;
+                    }
+                    (Err(e), None) => return Err(e),
+                }
             }
             Err(why) => {
                 if let TargetSpec::Pid(_) = config.target {
+                    if let Some(old) = previous.take() {
+                        refused(&anyhow::anyhow!("{why}"));
+                        config = old;
+                        continue;
+                    }
                     anyhow::bail!("{why}");
                 }
                 if !waiting_said {
@@ -190,25 +253,26 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 }
                 eprintln!("slotprof: the target exited; waiting for it to start again");
             }
-            End::Hup => match load(&o) {
+            End::Hup => match prepare(&o, &config).await {
                 Ok(new) => {
-                    if new.metrics_listen != config.metrics_listen {
+                    if let Some(listener) = new.listener {
                         server.abort();
-                        server = start_metrics(&new, &snapshot).await?;
+                        server = serve_metrics(listener, &new.config, &snapshot)?;
                     }
-                    exporter.reconfigure(&new);
-                    config = new;
+                    exporter.reconfigure(&new.config);
+                    previous = Some(std::mem::replace(&mut config, new.config));
                     eprintln!("slotprof: configuration reloaded from {}", o.config.display());
                 }
                 Err(e) => refused(&e),
             },
             End::Reload(new) => {
-                if new.metrics_listen != config.metrics_listen {
+                let new = *new;
+                if let Some(listener) = new.listener {
                     server.abort();
-                    server = start_metrics(&new, &snapshot).await?;
+                    server = serve_metrics(listener, &new.config, &snapshot)?;
                 }
-                exporter.reconfigure(&new);
-                config = *new;
+                exporter.reconfigure(&new.config);
+                previous = Some(std::mem::replace(&mut config, new.config));
                 eprintln!(
                     "slotprof: configuration reloaded from {} (probes attached again)",
                     o.config.display()
@@ -229,7 +293,11 @@ async fn start_metrics(
     config: &Config,
     snapshot: &Arc<Mutex<Snapshot>>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(config.metrics_listen)
+    serve_metrics(bind_metrics(config).await?, config, snapshot)
+}
+
+async fn bind_metrics(config: &Config) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| {
             format!(
@@ -237,7 +305,14 @@ async fn start_metrics(
                  another port",
                 config.metrics_listen
             )
-        })?;
+        })
+}
+
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    config: &Config,
+    snapshot: &Arc<Mutex<Snapshot>>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     eprintln!("slotprof: metrics on http://{}/metrics", listener.local_addr()?);
     Ok(tokio::spawn(metrics::serve(
         listener,
@@ -605,9 +680,10 @@ async fn follow(
                 None => anyhow::bail!("the ring buffer's reader thread ended"),
             },
             e = signals.next() => match e {
-                End::Hup => match load(o) {
-                    Ok(new) if needs_reattach(&chunk.config, &new) => break End::Reload(Box::new(new)),
+                End::Hup => match prepare(o, &chunk.config).await {
+                    Ok(new) if needs_reattach(&chunk.config, &new.config) => break End::Reload(Box::new(new)),
                     Ok(new) => {
+                        let new = new.config;
                         chunk.exporter.reconfigure(&new);
                         chunk.detector_config = detector_config(&new);
                         chunk.config = new;
@@ -635,6 +711,9 @@ async fn follow(
                 if ticks.is_multiple_of(200) {
                     give_back_freed_memory();
                 }
+                if ticks.is_multiple_of(20) && sym.release_idle(SYMBOLS_IDLE) {
+                    snapshot.lock().unwrap().symbol_releases += 1;
+                }
                 // What the reader has read up to, taken before the queue is
                 // drained: a slot ending after it may still have records in
                 // the kernel's ring (the reader drains it every 10 ms).
@@ -654,7 +733,7 @@ async fn follow(
                     processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
                     slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
                 }
-                chunk.exporter.refresh(false)?;
+                chunk.exporter.refresh(false);
                 losses.busy(began.elapsed(), ring.queued_bytes());
                 if now_and_then {
                     let now = update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, false);
@@ -937,7 +1016,9 @@ impl Chunk<'_> {
                 export::Exported::Full => s.slots_exported += 1,
                 export::Exported::Summary => s.slots_summarised += 1,
                 export::Exported::Skipped => s.slots_skipped += 1,
+                export::Exported::Failed => s.slots_failed += 1,
             }
+            s.export_write_errors = self.exporter.write_errors;
             s.export_bytes = self.exporter.bytes();
         }
         Ok(b)

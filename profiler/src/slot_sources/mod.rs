@@ -21,6 +21,28 @@ pub struct EpochSchedule {
     pub leader_runs: Vec<(u64, u64)>,
 }
 
+impl EpochSchedule {
+    /// Whether `slot` is in this epoch (no overflow whatever the RPC said).
+    pub fn contains(&self, slot: u64) -> bool {
+        slot >= self.first_slot && slot - self.first_slot < self.slots_in_epoch
+    }
+}
+
+/// The most slots filled in between two sightings of the source (about an
+/// hour of 400 ms slots), and the shortest a filled-in slot may be: a jump
+/// beyond either (an RPC answering a slot 10^12 ahead, a node replaying
+/// far behind) is a discontinuity, not a run of estimated slots.
+pub const MAX_FILL_SLOTS: u64 = 10_000;
+pub const MIN_SLOT_NS: u64 = 1_000_000;
+
+/// Whether `slots` slots can have started in `ns` nanoseconds.
+pub fn plausible_advance(slots: u64, ns: u64) -> bool {
+    slots <= MAX_FILL_SLOTS && slots.saturating_sub(1).saturating_mul(MIN_SLOT_NS) <= ns
+}
+
+/// How a discontinuity is said (once a session).
+pub const JUMP_WARNING: &str = "the slot source jumped";
+
 /// Runs of consecutive slots from slot numbers in any order.
 pub fn leader_runs(mut slots: Vec<u64>) -> Vec<(u64, u64)> {
     slots.sort_unstable();
@@ -70,7 +92,7 @@ impl SlotLog {
     /// Whether this node leads `slot`, per the schedules fetched.
     pub fn is_leader(&self, slot: u64) -> bool {
         self.epochs.iter().any(|e| {
-            slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch && {
+            e.contains(slot) && {
                 let i = e.leader_runs.partition_point(|r| r.1 <= slot);
                 e.leader_runs.get(i).is_some_and(|r| r.0 <= slot)
             }
@@ -83,7 +105,7 @@ impl SlotLog {
         let first = self
             .epochs
             .iter()
-            .find(|e| slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch)
+            .find(|e| e.contains(slot))
             .map_or(0, |e| e.first_slot);
         slot - (slot - first) % SLOTS_PER_WINDOW
     }
@@ -145,7 +167,7 @@ impl SlotLog {
         let starts = self.sorted_starts();
         let mut lens: Vec<u64> = starts
             .windows(2)
-            .filter(|w| w[1].1 > w[0].1)
+            .filter(|w| w[1].1 > w[0].1 && plausible_advance(w[1].0 - w[0].0, w[1].1 - w[0].1))
             .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0))
             .collect();
         lens.sort_unstable();
@@ -192,6 +214,12 @@ impl SlotLog {
         for w in starts.windows(2) {
             let ((s0, t0), (s1, t1)) = (w[0], w[1]);
             let gap = s1 - s0;
+            if !plausible_advance(gap, t1 - t0) {
+                // A discontinuity: the slot seen last lasts until the next
+                // sighting, unaligned; nothing is made up in between.
+                push(s0, t0, t1, false);
+                continue;
+            }
             for k in 0..gap {
                 let start = t0 + (t1 - t0) * k / gap;
                 let end = t0 + (t1 - t0) * (k + 1) / gap;
@@ -206,9 +234,10 @@ impl SlotLog {
             }
             // It went quiet: estimate the rest with the measured length.
             Some(len) => {
+                let len = len.max(MIN_SLOT_NS);
                 let mut n = last_slot;
                 let mut t = last_t;
-                while t < session_end_ns {
+                while t < session_end_ns && n - last_slot < MAX_FILL_SLOTS {
                     push(n, t, t + len, false);
                     n += 1;
                     t += len;
@@ -329,6 +358,34 @@ mod tests {
         assert!(!by_num(1004).aligned && !by_num(1007).aligned);
         assert_eq!(t.slots().last().unwrap().number, 1008);
         assert!(t.slots().last().unwrap().end_ns >= 3000 * MS);
+    }
+
+    #[test]
+    fn a_slot_number_that_jumps_is_a_discontinuity_not_a_trillion_slots() {
+        let jump = 1_000_000_000_000;
+        let l = log(&[
+            (1000, 0),
+            (1001, 400 * MS),
+            (1002 + jump, 800 * MS),
+            (1003 + jump, 1200 * MS),
+        ]);
+        assert_eq!(l.measured_slot_ns(), Some(400 * MS));
+        let t = l.timeline(1500 * MS);
+        let numbers: Vec<u64> = t.slots().iter().map(|s| s.number).collect();
+        assert_eq!(numbers, [1000, 1001, 1002 + jump, 1003 + jump]);
+        let s1001 = &t.slots()[1];
+        assert!(!s1001.aligned && s1001.end_ns == 800 * MS, "{s1001:?}");
+        // Quiet for a day after a jump: estimated slots stop at the bound.
+        assert!(l.timeline(86_400_000 * MS).slots().len() as u64 <= 4 + MAX_FILL_SLOTS);
+        // Schedules from a hostile reply cannot overflow the lookup.
+        let e = EpochSchedule {
+            first_slot: u64::MAX - 5,
+            slots_in_epoch: u64::MAX,
+            leader_runs: vec![],
+        };
+        assert!(e.contains(u64::MAX) && !e.contains(0));
+        assert!(plausible_advance(1, 0) && plausible_advance(3, 400 * MS));
+        assert!(!plausible_advance(jump, 400 * MS) && !plausible_advance(500, 400 * MS));
     }
 
     #[test]

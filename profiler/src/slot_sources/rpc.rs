@@ -126,10 +126,21 @@ async fn saw_slot(ep: &RpcEndpoint, identity: &str, log: &SharedSlotLog, slot: u
     let now = monotonic_ns();
     let known = {
         let mut l = log.lock().unwrap();
+        if let Some(&(last, last_t)) = l.starts.iter().max_by_key(|s| s.1) {
+            if slot > last
+                && !super::plausible_advance(slot - last, now.saturating_sub(last_t))
+                && !l.warnings.iter().any(|w| w.starts_with(super::JUMP_WARNING))
+            {
+                l.warnings.push(format!(
+                    "{} from slot {last} to {slot} in {} ms: taken as a discontinuity (no slots \
+                     are filled in between); said once",
+                    super::JUMP_WARNING,
+                    now.saturating_sub(last_t) / 1_000_000
+                ));
+            }
+        }
         l.starts.push((slot, now));
-        l.epochs
-            .iter()
-            .any(|e| slot >= e.first_slot && slot < e.first_slot + e.slots_in_epoch)
+        l.epochs.iter().any(|e| e.contains(slot))
     };
     if !known {
         let e = fetch_schedule(ep, identity).await?;

@@ -522,6 +522,12 @@ fn markdown(a: &Args, rounds: &[Round], runs: &[(&str, RunResult)], load: &Value
         let _ = writeln!(md, "| peak RSS sampled | {:.1} MiB |", mib(peak));
         let _ = writeln!(md, "| CPU from 1 min to the end | {cpu_pct:.2}% of one CPU |");
         let _ = writeln!(md, "| slots | {} |", metric("slotprof_slots_exported_total"));
+        let _ = writeln!(
+            md,
+            "| slots not exported | {}; {} |",
+            metric("slotprof_slots_not_exported_total"),
+            metric("slotprof_export_write_errors_total")
+        );
         let _ = writeln!(md, "| findings | {} |", metric("slotprof_findings_total"));
         let _ = writeln!(md, "| lost | {} |", metric("slotprof_lost_events_total"));
         let series: Vec<String> = samples
