@@ -4,6 +4,8 @@
 //! records the tests write (`tests/tests/common`'s `skip`, one JSON line
 //! each in `$SLOTPROF_OUTCOMES`): libtest prints `ok` for a test that
 //! returned early, and only the record tells that skip from a pass.
+//! A failed test runs once more, alone: if it passes then it is FLAKY,
+//! with the first run's panic beside it.
 //!
 //! Under CI (`CI=true`) a skip is checked against this machine: a test
 //! skipped for something the machine has (root, BTF, /dev/kvm, memory,
@@ -21,7 +23,8 @@ use anyhow::Context;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Outcome {
     Pass,
-    /// Passed only on a second run (the test VMs rerun a failure once).
+    /// Passed only on a second run (a failed test runs once more, on the
+    /// host alone and in the test VMs): said, never counted as a pass.
     Flaky,
     Skipped,
     Unsupported,
@@ -196,6 +199,9 @@ fn machine_has(need: &str, arg: &str, validator: bool) -> Option<bool> {
                 .any(|e| Path::new(e).join(cat).join(name).is_dir())
         }
         "elsewhere" => return None,
+        // Measured by the test itself during its run (its witness's
+        // figures are in the reason); nothing to check afterwards.
+        "quiet_host" => return None,
         // Something the test could not do on a machine that should: under
         // CI that is a failure to look at.
         _ => true,
@@ -250,34 +256,48 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
                 args.push("--include-ignored");
             }
             args.extend(filter);
-            eprintln!(
-                "xtask: $ {} {} ({} {})",
-                exe.path.display(),
-                args.join(" "),
-                exe.package,
-                exe.target
-            );
-            let mut child = Command::new(&exe.path)
-                .args(&args)
-                .envs(opts.env.iter().copied())
-                .env("SLOTPROF_OUTCOMES", &records)
-                .current_dir(&exe.dir)
-                .stdout(Stdio::piped())
-                .spawn()
-                .with_context(|| format!("cannot run {}", exe.path.display()))?;
-            let mut seen: Vec<(String, String)> = Vec::new();
-            for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-                let line = line?;
-                println!("{line}");
-                if let Some((name, result)) = parse_line(&line) {
-                    seen.push((name.to_string(), result.to_string()));
+            let first = run_executable(exe, &args, opts, &records)?;
+            // A failed test runs once more, alone: passing then makes it
+            // FLAKY (said, with the first run's panic), never a pass.
+            let mut again: BTreeMap<String, (bool, String)> = BTreeMap::new();
+            for (name, result) in &first.seen {
+                if !result.starts_with("FAILED") {
+                    continue;
                 }
+                let before = read_skips(&records);
+                let mut retry_args: Vec<&str> = args
+                    .iter()
+                    .copied()
+                    .filter(|a| *a == "--include-ignored")
+                    .collect();
+                retry_args.extend(["--exact", name.as_str()]);
+                eprintln!("xtask: {name} failed; running it once more, alone, to tell a flaky test from a failing one");
+                let second = run_executable(exe, &retry_args, opts, &records)?;
+                let passed = second.seen.iter().any(|(n, r)| n == name && r.starts_with("ok"));
+                let key = (exe.target.clone(), name.clone());
+                let skipped = read_skips(&records)
+                    .get(&key)
+                    .filter(|_| !before.contains_key(&key))
+                    .cloned();
+                let note = match (&skipped, passed) {
+                    (Some(s), _) => format!(
+                        "failed; run again it skipped ({}), so the failure stands: {}",
+                        s.why,
+                        first.panic_of(name)
+                    ),
+                    (None, true) => format!(
+                        "passed on a second run; the first failed: {}",
+                        first.panic_of(name)
+                    ),
+                    (None, false) => format!("failed twice: {}", first.panic_of(name)),
+                };
+                again.insert(name.clone(), (passed && skipped.is_none(), note));
             }
-            let status = child.wait()?;
+            let (seen, status) = (first.seen, first.status);
             let skips = read_skips(&records);
             for (name, result) in &seen {
-                let (outcome, note) = if result.starts_with("FAILED") {
-                    (Outcome::Fail, String::new())
+                let (outcome, note) = if let Some((flaky, note)) = again.get(name) {
+                    (if *flaky { Outcome::Flaky } else { Outcome::Fail }, note.clone())
                 } else if let Some(reason) = result.strip_prefix("ignored") {
                     (
                         Outcome::Skipped,
@@ -307,6 +327,7 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
                 });
             }
             if !status.success() && !seen.iter().any(|(_, r)| r.starts_with("FAILED")) {
+                // (not rerun: a crash of the harness is not one test's)
                 // A crash, or a failure outside any test (e.g. a panic in
                 // the harness): say so as a row of its own.
                 rows.push(Row {
@@ -385,9 +406,91 @@ pub fn print_summary(rows: &[Row]) -> usize {
     failed
 }
 
+/// One run of a test executable: libtest's result per test, its output,
+/// and how it exited.
+struct ExecutableRun {
+    seen: Vec<(String, String)>,
+    lines: Vec<String>,
+    status: std::process::ExitStatus,
+}
+
+impl ExecutableRun {
+    /// The first `panicked at` line of `name`'s captured output and the
+    /// message after it (or "" when libtest printed none).
+    fn panic_of(&self, name: &str) -> String {
+        let header = format!("---- {name} stdout ----");
+        let mut lines = self
+            .lines
+            .iter()
+            .skip_while(|l| **l != header)
+            .skip(1)
+            .take_while(|l| !l.starts_with("---- "));
+        let Some(at) = lines.by_ref().find(|l| l.contains("panicked at")) else {
+            return "(no panic message in its output)".into();
+        };
+        match lines.next() {
+            Some(msg) => format!("{} {}", at.trim(), msg.trim()),
+            None => at.trim().to_string(),
+        }
+    }
+}
+
+/// Runs `exe` with `args`, echoing its output, with the skip records in
+/// `records`.
+fn run_executable(
+    exe: &Executable,
+    args: &[&str],
+    opts: &Options,
+    records: &Path,
+) -> anyhow::Result<ExecutableRun> {
+    eprintln!(
+        "xtask: $ {} {} ({} {})",
+        exe.path.display(),
+        args.join(" "),
+        exe.package,
+        exe.target
+    );
+    let mut child = Command::new(&exe.path)
+        .args(args)
+        .envs(opts.env.iter().copied())
+        .env("SLOTPROF_OUTCOMES", records)
+        .current_dir(&exe.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", exe.path.display()))?;
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some((name, result)) = parse_line(&line) {
+            seen.push((name.to_string(), result.to_string()));
+        }
+        lines.push(line);
+    }
+    let status = child.wait()?;
+    Ok(ExecutableRun { seen, lines, status })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_tests_panic_is_found_in_its_own_captured_output() {
+        let text = "running 2 tests\ntest a ... FAILED\ntest b ... FAILED\n\nfailures:\n\n---- a stdout ----\nsome output\n\nthread 'a' (7) panicked at tests/x.rs:1:2:\nwrong answer\n---- b stdout ----\nnothing\n---- c stdout ----\nthread 'c' (8) panicked at y.rs:3:4:\nother\n";
+        let run = ExecutableRun {
+            seen: Vec::new(),
+            lines: text.lines().map(str::to_string).collect(),
+            status: std::process::Command::new("true").status().unwrap(),
+        };
+        assert_eq!(
+            run.panic_of("a"),
+            "thread 'a' (7) panicked at tests/x.rs:1:2: wrong answer"
+        );
+        assert_eq!(run.panic_of("b"), "(no panic message in its output)");
+        assert_eq!(run.panic_of("d"), "(no panic message in its output)");
+    }
 
     #[test]
     fn libtest_lines_are_read_and_others_are_not() {

@@ -38,6 +38,10 @@ pub enum Need {
     Tracepoint(String),
     /// Not a lack: the test runs elsewhere (`cargo xtask validator --test`).
     Elsewhere,
+    /// The host under this VM was not steady while the test ran, as the
+    /// test's own witness measured it (the reason gives its figures): a
+    /// negative check on timing proved nothing that run.
+    QuietHost,
     /// Something else this machine could not do (the reason says what).
     Other,
 }
@@ -55,6 +59,7 @@ impl Need {
             Need::Validator => ("validator".into(), String::new()),
             Need::Tracepoint(t) => ("tracepoint".into(), t.clone()),
             Need::Elsewhere => ("elsewhere".into(), String::new()),
+            Need::QuietHost => ("quiet_host".into(), String::new()),
             Need::Other => ("other".into(), String::new()),
         }
     }
