@@ -68,6 +68,9 @@ pub struct SlotLog {
     /// Calls of the uprobe'd slot-start function: `(CLOCK_MONOTONIC ns,
     /// first argument)`.
     pub marks: Vec<(u64, u64)>,
+    /// The RPC source gives slots now (false while it fails, and for the
+    /// other sources).
+    pub healthy: bool,
 }
 
 /// A [`SlotLog`] shared between a source task and the session.
@@ -158,6 +161,7 @@ impl SlotLog {
             epochs: self.epochs.clone(),
             warnings: Vec::new(),
             marks: Vec::new(),
+            healthy: self.healthy,
         }
         .timeline(session_end_ns)
     }
@@ -265,6 +269,7 @@ mod tests {
             }],
             warnings: vec![],
             marks: vec![],
+            healthy: true,
         }
     }
 

@@ -8,15 +8,18 @@
 //! goes on: the slots it missed are estimated and marked unaligned, and
 //! the operator is told once.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::{TokioExecutor, TokioTimer},
 };
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
 
 use super::{EpochSchedule, SharedSlotLog};
 use crate::slots::monotonic_ns;
@@ -24,8 +27,8 @@ use crate::slots::monotonic_ns;
 /// Where to reach the RPC.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RpcEndpoint {
-    /// `host:port` of the HTTP JSON-RPC.
-    pub http: String,
+    /// The HTTP JSON-RPC, path included (`http://host:port/path`).
+    pub uri: hyper::Uri,
     /// `ws://host:port` of the websocket (HTTP port + 1).
     pub ws: String,
     /// As given, for messages.
@@ -33,96 +36,182 @@ pub struct RpcEndpoint {
 }
 
 impl RpcEndpoint {
-    /// Parses `http://host:port`; the websocket is at port + 1.
+    /// Parses `http://host:port[/path]`; the websocket is at port + 1.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            format!("rpc={url}: give the validator's plain-HTTP RPC, e.g. rpc=http://127.0.0.1:8899 (https is not supported)")
-        })?;
-        let hostport = rest.split('/').next().unwrap_or(rest);
-        let (host, port) = hostport
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
-            .ok_or_else(|| format!("rpc={url}: expected http://HOST:PORT"))?;
+        if url.starts_with("https://") {
+            return Err(format!(
+                "rpc={url}: give the validator's plain-HTTP RPC, e.g. rpc=http://127.0.0.1:8899 (https is not supported)"
+            ));
+        }
+        let expected = || format!("rpc={url}: expected http://HOST:PORT, e.g. rpc=http://127.0.0.1:8899");
+        let uri: hyper::Uri = url.parse().map_err(|_| expected())?;
+        if uri.scheme_str() != Some("http") {
+            return Err(expected());
+        }
+        let (Some(host), Some(port)) = (uri.host(), uri.port_u16()) else {
+            return Err(expected());
+        };
+        let ws_port = port
+            .checked_add(1)
+            .ok_or_else(|| format!("rpc={url}: the websocket is at the RPC port + 1, and {port} has none"))?;
         Ok(Self {
-            http: format!("{host}:{port}"),
-            ws: format!("ws://{host}:{}", port.wrapping_add(1)),
+            ws: format!("ws://{}:{ws_port}", uri.authority().map_or(host, |a| a.host())),
+            uri,
             url: url.to_string(),
         })
     }
 }
 
-/// One JSON-RPC call over HTTP/1.1; returns `result`.
-async fn call(ep: &RpcEndpoint, method: &str, params: Value) -> anyhow::Result<Value> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
-    let exchange = async {
-        let mut stream = TcpStream::connect(&ep.http).await?;
-        let req = format!(
-            "POST / HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            ep.http,
-            body.len()
-        );
-        stream.write_all(req.as_bytes()).await?;
-        let mut resp = Vec::new();
-        stream.read_to_end(&mut resp).await?;
-        anyhow::Ok(resp)
-    };
-    let resp = tokio::time::timeout(Duration::from_secs(3), exchange)
-        .await
-        .map_err(|_| anyhow!("{method}: no answer within 3 s"))??;
-    let split = resp
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| anyhow!("{method}: not an HTTP response"))?;
-    let status = String::from_utf8_lossy(&resp[..split]);
-    if !status.starts_with("HTTP/1.1 200") && !status.starts_with("HTTP/1.0 200") {
-        bail!("{method}: HTTP {}", status.lines().next().unwrap_or(""));
+/// One call may take this long, connection included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The largest answer read for a small call (slot, identity, epoch).
+const SMALL_ANSWER: usize = 64 << 10;
+/// The largest leader schedule read: this node's slot indices in an epoch
+/// (432,000 slots when it leads them all, as a one-node cluster does:
+/// ~3 MB of JSON).
+const SCHEDULE_ANSWER: usize = 8 << 20;
+/// The largest websocket message (a slot notification is ~150 bytes).
+const WS_MESSAGE: usize = 64 << 10;
+/// A websocket silent for this long has stopped (slots come every
+/// 400 ms).
+const WS_SILENCE: Duration = Duration::from_secs(5);
+/// `getSlot` is polled no faster than this (or a twentieth of the
+/// measured slot length when that is longer).
+const MIN_POLL: Duration = Duration::from_millis(20);
+/// Bytes of a bad answer quoted in a message.
+const QUOTE: usize = 200;
+
+/// At most [`QUOTE`] bytes of `bytes`, as text, with how much was cut.
+pub(crate) fn quote(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(QUOTE)]);
+    if bytes.len() <= QUOTE {
+        text.into_owned()
+    } else {
+        format!("{text}... ({} bytes in all)", bytes.len())
     }
-    let v: Value = serde_json::from_slice(&resp[split + 4..])
-        .with_context(|| format!("{method}: answer is not JSON"))?;
-    if let Some(e) = v.get("error") {
-        bail!("{method}: error {e}");
+}
+
+/// A JSON-RPC reply: `result` is `None` when null or absent.
+#[derive(serde::Deserialize)]
+struct Reply<T> {
+    result: Option<T>,
+    error: Option<Value>,
+}
+
+/// The JSON-RPC client: one kept-alive connection (hyper's pool), every
+/// call bounded in time and in answer size.
+pub struct Rpc {
+    client: Client<HttpConnector, Full<Bytes>>,
+    ep: RpcEndpoint,
+}
+
+impl Rpc {
+    pub fn new(ep: RpcEndpoint) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CALL_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(2)
+            .build(connector);
+        Self { client, ep }
     }
-    v.get("result")
-        .cloned()
-        .ok_or_else(|| anyhow!("{method}: answer has no result"))
+
+    /// One call; `Ok(None)` when the result is null.
+    async fn call_opt<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: Value,
+        limit: usize,
+    ) -> anyhow::Result<Option<T>> {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        let request = hyper::Request::post(self.ep.uri.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| anyhow!("{method}: {:#}", anyhow::Error::from(e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        anyhow!("{method}: the answer is larger than {limit} bytes; not read")
+                    } else {
+                        anyhow!("{method}: reading the answer: {e}")
+                    }
+                })?
+                .to_bytes();
+            anyhow::Ok((status, body))
+        };
+        let (status, body) = tokio::time::timeout(CALL_TIMEOUT, exchange)
+            .await
+            .map_err(|_| anyhow!("{method}: no answer within {} s", CALL_TIMEOUT.as_secs()))??;
+        if !status.is_success() {
+            bail!("{method}: HTTP {status}: {}", quote(&body));
+        }
+        let reply: Reply<T> = serde_json::from_slice(&body)
+            .map_err(|e| anyhow!("{method}: an answer of the wrong shape ({e}): {}", quote(&body)))?;
+        if let Some(e) = reply.error {
+            bail!("{method}: error {}", quote(e.to_string().as_bytes()));
+        }
+        Ok(reply.result)
+    }
+
+    /// One call whose result must be there.
+    async fn call<T: DeserializeOwned>(&self, method: &str, params: Value) -> anyhow::Result<T> {
+        self.call_opt(method, params, SMALL_ANSWER)
+            .await?
+            .ok_or_else(|| anyhow!("{method}: the answer has no result"))
+    }
 }
 
 fn u64_field(v: &Value, field: &str, method: &str) -> anyhow::Result<u64> {
-    v.get(field)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| anyhow!("{method}: no numeric `{field}` in {v}"))
+    v.get(field).and_then(Value::as_u64).ok_or_else(|| {
+        anyhow!(
+            "{method}: no numeric `{field}` in {}",
+            quote(v.to_string().as_bytes())
+        )
+    })
 }
 
-/// This node's leader slots for the epoch holding `slot`.
-async fn fetch_schedule(ep: &RpcEndpoint, identity: &str) -> anyhow::Result<EpochSchedule> {
-    let info = call(ep, "getEpochInfo", json!([])).await?;
+/// This node's leader slots for the current epoch.
+async fn fetch_schedule(rpc: &Rpc, identity: &str) -> anyhow::Result<EpochSchedule> {
+    let info: Value = rpc.call("getEpochInfo", json!([])).await?;
     let absolute = u64_field(&info, "absoluteSlot", "getEpochInfo")?;
     let index = u64_field(&info, "slotIndex", "getEpochInfo")?;
     let slots_in_epoch = u64_field(&info, "slotsInEpoch", "getEpochInfo")?;
     let first_slot = absolute
         .checked_sub(index)
         .ok_or_else(|| anyhow!("getEpochInfo: slotIndex > absoluteSlot"))?;
-    let sched = call(ep, "getLeaderSchedule", json!([absolute, {"identity": identity}])).await?;
-    let leader_slots = match sched.get(identity) {
-        Some(Value::Array(idx)) => super::leader_runs(
-            idx.iter()
-                .filter_map(Value::as_u64)
-                .filter_map(|i| first_slot.checked_add(i))
-                .collect(),
-        ),
-        // Not a leader this epoch (or no schedule yet): no leader slots.
-        _ if sched.is_null() || sched.is_object() => Vec::new(),
-        _ => bail!("getLeaderSchedule: unexpected answer shape"),
-    };
+    // Only this identity's entry is asked for; read straight into numbers
+    // (a one-node cluster leads all 432,000 slots of an epoch).
+    let schedule: Option<HashMap<String, Vec<u64>>> = rpc
+        .call_opt(
+            "getLeaderSchedule",
+            json!([absolute, {"identity": identity}]),
+            SCHEDULE_ANSWER,
+        )
+        .await?;
+    // No entry: not a leader this epoch (or no schedule yet).
+    let indices = schedule.and_then(|mut s| s.remove(identity)).unwrap_or_default();
+    if indices.iter().any(|&i| i >= slots_in_epoch) {
+        bail!("getLeaderSchedule: a slot index past the epoch's {slots_in_epoch} slots");
+    }
     Ok(EpochSchedule {
         first_slot,
         slots_in_epoch,
-        leader_runs: leader_slots,
+        leader_runs: super::leader_runs(indices.into_iter().map(|i| first_slot + i).collect()),
     })
 }
 
 /// Records a slot start; fetches the next epoch's schedule when it begins.
-async fn saw_slot(ep: &RpcEndpoint, identity: &str, log: &SharedSlotLog, slot: u64) -> anyhow::Result<()> {
+async fn saw_slot(rpc: &Rpc, identity: &str, log: &SharedSlotLog, slot: u64) -> anyhow::Result<()> {
     let now = monotonic_ns();
     let known = {
         let mut l = log.lock().unwrap();
@@ -143,63 +232,95 @@ async fn saw_slot(ep: &RpcEndpoint, identity: &str, log: &SharedSlotLog, slot: u
         l.epochs.iter().any(|e| e.contains(slot))
     };
     if !known {
-        let e = fetch_schedule(ep, identity).await?;
+        let e = fetch_schedule(rpc, identity).await?;
         log.lock().unwrap().epochs.push(e);
     }
     Ok(())
 }
 
 /// One connected stretch: identity, schedule, then slots until an error.
-async fn connected(ep: &RpcEndpoint, log: &SharedSlotLog, healthy: &mut bool) -> anyhow::Result<()> {
-    let identity = call(ep, "getIdentity", json!([])).await?;
+/// `got_slots` is set once a slot was recorded in this stretch.
+async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyhow::Result<()> {
+    let identity: Value = rpc.call("getIdentity", json!([])).await?;
     let identity = identity
         .get("identity")
         .and_then(Value::as_str)
-        .ok_or_else(|| anyhow!("getIdentity: no `identity` in {identity}"))?
+        .ok_or_else(|| {
+            anyhow!(
+                "getIdentity: no `identity` in {}",
+                quote(identity.to_string().as_bytes())
+            )
+        })?
         .to_string();
-    let schedule = fetch_schedule(ep, &identity).await?;
+    let schedule = fetch_schedule(rpc, &identity).await?;
     {
         let mut l = log.lock().unwrap();
         if !l.epochs.contains(&schedule) {
             l.epochs.push(schedule);
         }
     }
-    match tokio_tungstenite::connect_async(ep.ws.as_str()).await {
-        Ok((mut ws, _)) => {
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(WS_MESSAGE))
+        .max_frame_size(Some(WS_MESSAGE));
+    let ws = tokio::time::timeout(
+        CALL_TIMEOUT,
+        tokio_tungstenite::connect_async_with_config(rpc.ep.ws.as_str(), Some(config), true),
+    )
+    .await;
+    match ws {
+        Ok(Ok((mut ws, _))) => {
             let sub = json!({"jsonrpc": "2.0", "id": 1, "method": "slotSubscribe"});
             ws.send(sub.to_string().into()).await?;
-            *healthy = true;
-            while let Some(msg) = ws.next().await {
-                let msg = msg?;
+            loop {
+                let msg = match tokio::time::timeout(WS_SILENCE, ws.next()).await {
+                    Err(_) => bail!(
+                        "the websocket {} sent no slot for {} s",
+                        rpc.ep.ws,
+                        WS_SILENCE.as_secs()
+                    ),
+                    Ok(None) => bail!("the websocket {} closed", rpc.ep.ws),
+                    Ok(Some(msg)) => msg?,
+                };
                 let Ok(text) = msg.to_text() else { continue };
                 let Ok(v) = serde_json::from_str::<Value>(text) else {
-                    bail!("slotSubscribe: a message that is not JSON");
+                    bail!(
+                        "slotSubscribe: a message that is not JSON: {}",
+                        quote(text.as_bytes())
+                    );
                 };
                 if v.get("method").and_then(Value::as_str) != Some("slotNotification") {
                     continue;
                 }
                 let slot = v["params"]["result"]["slot"]
                     .as_u64()
-                    .ok_or_else(|| anyhow!("slotNotification without a slot: {v}"))?;
-                saw_slot(ep, &identity, log, slot).await?;
+                    .ok_or_else(|| anyhow!("slotNotification without a slot: {}", quote(text.as_bytes())))?;
+                saw_slot(rpc, &identity, log, slot).await?;
+                *got_slots = true;
+                log.lock().unwrap().healthy = true;
             }
-            bail!("the websocket {} closed", ep.ws)
         }
-        Err(_) => {
-            // No websocket: poll getSlot often enough to place boundaries
-            // within a few ms.
-            *healthy = true;
-            let mut last = None;
+        _ => {
+            // No websocket: poll getSlot, every 20 ms (or a twentieth of
+            // the measured slot length, if longer), on one kept-alive
+            // connection.
+            let mut last: Option<(u64, u64)> = None;
+            let mut poll = MIN_POLL;
             loop {
-                let slot = call(ep, "getSlot", json!([])).await?;
-                let slot = slot
-                    .as_u64()
-                    .ok_or_else(|| anyhow!("getSlot: not a number: {slot}"))?;
-                if last != Some(slot) {
-                    saw_slot(ep, &identity, log, slot).await?;
-                    last = Some(slot);
+                let slot: u64 = rpc.call("getSlot", json!([])).await?;
+                if last.is_none_or(|(s, _)| s != slot) {
+                    let now = monotonic_ns();
+                    if let Some((s, t)) = last.filter(|&(s, _)| slot > s) {
+                        let slot_ns = now.saturating_sub(t) / (slot - s);
+                        poll = MIN_POLL
+                            .max(Duration::from_nanos(slot_ns / 20))
+                            .min(Duration::from_millis(100));
+                    }
+                    saw_slot(rpc, &identity, log, slot).await?;
+                    *got_slots = true;
+                    log.lock().unwrap().healthy = true;
+                    last = Some((slot, now));
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(poll).await;
             }
         }
     }
@@ -207,41 +328,46 @@ async fn connected(ep: &RpcEndpoint, log: &SharedSlotLog, healthy: &mut bool) ->
 
 /// Follows the RPC for as long as the session runs (cancel the task to stop).
 ///
-/// Says once if the RPC cannot be reached within the first seconds, and
-/// once if it stops answering for more than a second after it worked (a
-/// blip, or the validator exiting with the session, is not worth a
-/// warning); retries with backoff.
+/// Says once, with the reason, if the RPC gives no slots within the first
+/// seconds (down, or answering garbage), and once if it stops giving them
+/// for more than a second after it did (a blip, or the validator exiting
+/// with the session, is not worth a warning); retries with backoff (100 ms
+/// doubling to 5 s while it keeps failing).
 pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
+    let rpc = Rpc::new(ep);
     let started = std::time::Instant::now();
-    let mut outage_since: Option<std::time::Instant> = None;
-    let mut backoff = Duration::from_millis(20);
-    let mut ever_healthy = false;
+    let mut failing_since = started;
+    let mut backoff = Duration::from_millis(100);
+    let mut ever_slots = false;
     let (mut warned_unreachable, mut warned_stopped) = (false, false);
     loop {
-        let mut healthy = false;
-        let err = match connected(&ep, &log, &mut healthy).await {
+        let mut got_slots = false;
+        let err = match connected(&rpc, &log, &mut got_slots).await {
             Ok(()) => continue,
             Err(e) => e,
         };
-        if healthy {
-            ever_healthy = true;
+        log.lock().unwrap().healthy = false;
+        if got_slots {
+            ever_slots = true;
             backoff = Duration::from_millis(100);
-            outage_since = Some(std::time::Instant::now());
+            failing_since = std::time::Instant::now();
         }
-        let outage = outage_since.map_or(Duration::ZERO, |t| t.elapsed());
-        let warning = if ever_healthy && !warned_stopped && outage > Duration::from_secs(1) {
+        let outage = failing_since.elapsed();
+        let warning = if ever_slots && !warned_stopped && outage > Duration::from_secs(1) {
             warned_stopped = true;
             Some(format!(
-                "the slot source rpc={} stopped answering ({err}); profiling goes on, and the slots \
-                 from here are estimated from the measured slot length and marked unaligned; retrying",
-                ep.url
+                "the slot source rpc={} stopped giving slots ({err:#}); profiling goes on, and the \
+                 slots from here are estimated from the measured slot length and marked unaligned; \
+                 retrying with backoff",
+                rpc.ep.url
             ))
-        } else if !ever_healthy && !warned_unreachable && started.elapsed() > Duration::from_secs(2) {
+        } else if !ever_slots && !warned_unreachable && started.elapsed() > Duration::from_secs(2) {
             warned_unreachable = true;
             Some(format!(
-                "the slot source rpc={} does not answer ({err}); profiling goes on without slot \
-                 boundaries until it does (is the validator's RPC enabled on that port?); retrying",
-                ep.url
+                "the slot source rpc={} gives no slots ({err:#}); profiling goes on without slot \
+                 boundaries until it does (is the validator's RPC enabled on that port?); retrying \
+                 with backoff",
+                rpc.ep.url
             ))
         } else {
             None
@@ -257,23 +383,267 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        net::SocketAddr,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc, Mutex,
+        },
+    };
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpListener,
+    };
+
     use super::*;
 
     #[test]
     fn endpoints() {
         let e = RpcEndpoint::parse("http://127.0.0.1:8899").unwrap();
         assert_eq!(
-            (e.http.as_str(), e.ws.as_str()),
-            ("127.0.0.1:8899", "ws://127.0.0.1:8900")
+            (e.uri.to_string().as_str(), e.ws.as_str()),
+            ("http://127.0.0.1:8899/", "ws://127.0.0.1:8900")
         );
+        let e = RpcEndpoint::parse("http://[::1]:8899/rpc/v1").unwrap();
+        assert_eq!((e.uri.path(), e.ws.as_str()), ("/rpc/v1", "ws://[::1]:8900"));
         assert!(RpcEndpoint::parse("https://x:1").unwrap_err().contains("https"));
         assert!(RpcEndpoint::parse("http://x").unwrap_err().contains("HOST:PORT"));
+        assert!(RpcEndpoint::parse("ftp://x:1").unwrap_err().contains("HOST:PORT"));
+        assert!(RpcEndpoint::parse("http://x:65535")
+            .unwrap_err()
+            .contains("port + 1"));
     }
 
     #[tokio::test]
     async fn a_dead_endpoint_is_an_error_not_a_hang() {
         // Port 9 on loopback: nothing listens.
-        let ep = RpcEndpoint::parse("http://127.0.0.1:9").unwrap();
-        assert!(call(&ep, "getSlot", json!([])).await.is_err());
+        let rpc = Rpc::new(RpcEndpoint::parse("http://127.0.0.1:9").unwrap());
+        assert!(rpc.call::<u64>("getSlot", json!([])).await.is_err());
+    }
+
+    /// A JSON-RPC server on loopback (hyper, keep-alive): counts the
+    /// connections it accepted and records each request's path and method.
+    struct Fake {
+        addr: SocketAddr,
+        accepts: Arc<AtomicUsize>,
+        requests: Arc<Mutex<Vec<(String, String)>>>,
+    }
+
+    async fn fake(answer: impl Fn(&str) -> String + Send + Sync + 'static) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let answer = Arc::new(answer);
+        let (a, r) = (accepts.clone(), requests.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                a.fetch_add(1, Ordering::Relaxed);
+                let (answer, r) = (answer.clone(), r.clone());
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                            let (answer, r) = (answer.clone(), r.clone());
+                            async move {
+                                let path = req.uri().path().to_string();
+                                let body = req.into_body().collect().await?.to_bytes();
+                                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                                let method = v["method"].as_str().unwrap_or("").to_string();
+                                r.lock().unwrap().push((path, method.clone()));
+                                let text = answer(&method);
+                                Ok::<_, hyper::Error>(hyper::Response::new(Full::new(Bytes::from(text))))
+                            }
+                        });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        Fake {
+            addr,
+            accepts,
+            requests,
+        }
+    }
+
+    /// A node that answers everything but `getSlot`, which `get_slot`
+    /// answers (its `result` value as JSON text).
+    fn node(
+        get_slot: impl Fn() -> String + Send + Sync + 'static,
+    ) -> impl Fn(&str) -> String + Send + Sync + 'static {
+        move |method| {
+            let result = match method {
+                "getIdentity" => r#"{"identity":"Node1111"}"#.to_string(),
+                "getEpochInfo" => r#"{"absoluteSlot":100,"slotIndex":100,"slotsInEpoch":432000}"#.to_string(),
+                "getLeaderSchedule" => r#"{"Node1111":[0,1,2,3,100,101,102,103]}"#.to_string(),
+                "getSlot" => get_slot(),
+                _ => "null".to_string(),
+            };
+            format!(r#"{{"jsonrpc":"2.0","result":{result},"id":1}}"#)
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_share_one_kept_alive_connection_and_keep_the_urls_path() {
+        let f = fake(|_| r#"{"jsonrpc":"2.0","result":5,"id":1}"#.into()).await;
+        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{}/rpc/v1", f.addr)).unwrap());
+        for _ in 0..20 {
+            assert_eq!(rpc.call::<u64>("getSlot", json!([])).await.unwrap(), 5);
+        }
+        assert_eq!(
+            f.accepts.load(Ordering::Relaxed),
+            1,
+            "one connection for 20 calls"
+        );
+        let requests = f.requests.lock().unwrap();
+        assert_eq!(requests.len(), 20);
+        assert!(
+            requests
+                .iter()
+                .all(|(path, m)| path == "/rpc/v1" && m == "getSlot"),
+            "{requests:?}"
+        );
+    }
+
+    /// A raw server: answers each connection's first request with `head`
+    /// and then `body` written in pieces, as long as the client reads.
+    async fn raw(head: String, body: Vec<Vec<u8>>) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let (head, body) = (head.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.read(&mut buf).await;
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    for piece in body {
+                        if stream.write_all(&piece).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_huge_answer_is_refused_without_being_read_whole() {
+        // 50 MB announced, 1 MiB pieces written while the client reads.
+        let head = "HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n".to_string();
+        let addr = raw(head, vec![vec![b' '; 1 << 20]; 48]).await;
+        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{addr}")).unwrap());
+        let t = std::time::Instant::now();
+        let e = rpc
+            .call::<u64>("getSlot", json!([]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("larger than 65536 bytes"), "{e}");
+        assert!(t.elapsed() < CALL_TIMEOUT, "{:?}", t.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_is_read() {
+        let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_string();
+        let (a, b) = (r#"{"jsonrpc":"2.0","#, r#""result":7,"id":1}"#);
+        let body = format!("{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n", a.len(), b.len());
+        let addr = raw(head, vec![body.into_bytes()]).await;
+        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{addr}")).unwrap());
+        assert_eq!(rpc.call::<u64>("getSlot", json!([])).await.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn an_answer_of_the_wrong_type_is_said_in_a_few_hundred_bytes() {
+        let pad = "x".repeat(20_000);
+        let f = fake(move |_| format!(r#"{{"jsonrpc":"2.0","result":"123","pad":"{pad}","id":1}}"#)).await;
+        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap());
+        let e = rpc
+            .call::<u64>("getSlot", json!([]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wrong shape") && e.contains("invalid type"), "{e}");
+        assert!(e.len() < 500, "{} bytes: {e}", e.len());
+        let f = fake(|_| "HTTP/1.1 oops".repeat(10_000)).await;
+        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap());
+        let e = rpc
+            .call::<u64>("getSlot", json!([]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 500, "{} bytes: {e}", e.len());
+    }
+
+    fn shared_log() -> SharedSlotLog {
+        Arc::new(Mutex::new(super::super::SlotLog::default()))
+    }
+
+    #[tokio::test]
+    async fn a_getslot_of_the_wrong_type_is_said_once_with_its_reason_and_backed_off() {
+        let f = fake(node(|| r#""123""#.into())).await;
+        let log = shared_log();
+        let ep = RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(3500), follow(ep, log.clone())).await;
+        let l = log.lock().unwrap();
+        let said: Vec<&String> = l
+            .warnings
+            .iter()
+            .filter(|w| w.contains("gives no slots"))
+            .collect();
+        assert_eq!(said.len(), 1, "{:?}", l.warnings);
+        assert!(
+            said[0].contains("getSlot: an answer of the wrong shape"),
+            "{}",
+            said[0]
+        );
+        assert!(!l.healthy);
+        let polls = f
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| m == "getSlot")
+            .count();
+        // Backoff 100, 200, 400, 800, 1600 ms: 5 or 6 tries in 3.5 s
+        // (every 100 ms would be 35).
+        assert!((3..=7).contains(&polls), "{polls} getSlot calls in 3.5 s");
+    }
+
+    #[tokio::test]
+    async fn getslot_is_polled_no_faster_than_every_20_ms_on_one_connection() {
+        let t0 = std::time::Instant::now();
+        // A slot every 400 ms.
+        let f = fake(node(move || (1000 + t0.elapsed().as_millis() / 400).to_string())).await;
+        let log = shared_log();
+        let ep = RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(1500), follow(ep, log.clone())).await;
+        let polls = f
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| m == "getSlot")
+            .count();
+        assert!(
+            (10..=1500 / 20 + 2).contains(&polls),
+            "{polls} getSlot calls in 1.5 s"
+        );
+        assert_eq!(
+            f.accepts.load(Ordering::Relaxed),
+            1,
+            "connections for {polls} calls"
+        );
+        let l = log.lock().unwrap();
+        assert!(l.starts.len() >= 3, "{:?}", l.starts);
+        assert!(l.healthy && l.warnings.is_empty(), "{:?}", l.warnings);
     }
 }
