@@ -356,7 +356,7 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
         let warning = if ever_slots && !warned_stopped && outage > Duration::from_secs(1) {
             warned_stopped = true;
             Some(format!(
-                "the slot source rpc={} stopped giving slots ({err:#}); profiling goes on, and the \
+                "the slot source rpc={} stopped answering ({err:#}); profiling goes on, and the \
                  slots from here are estimated from the measured slot length and marked unaligned; \
                  retrying with backoff",
                 rpc.ep.url
@@ -364,7 +364,7 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
         } else if !ever_slots && !warned_unreachable && started.elapsed() > Duration::from_secs(2) {
             warned_unreachable = true;
             Some(format!(
-                "the slot source rpc={} gives no slots ({err:#}); profiling goes on without slot \
+                "the slot source rpc={} answers with no slots ({err:#}); profiling goes on without slot \
                  boundaries until it does (is the validator's RPC enabled on that port?); retrying \
                  with backoff",
                 rpc.ep.url
@@ -597,7 +597,7 @@ mod tests {
         let said: Vec<&String> = l
             .warnings
             .iter()
-            .filter(|w| w.contains("gives no slots"))
+            .filter(|w| w.contains("answers with no slots"))
             .collect();
         assert_eq!(said.len(), 1, "{:?}", l.warnings);
         assert!(
