@@ -1,18 +1,22 @@
 //! The Prometheus endpoint of `slotprof run`: text exposition format 0.0.4
-//! on a small HTTP server (GET /metrics; GET / serves the export's
-//! index.html). Loopback unless the configuration says otherwise.
+//! on hyper's HTTP/1.1 server. GET /metrics; GET / is the export's
+//! index.html, and every file of the export it links to is served
+//! read-only (`/slots/N/oncpu.svg`, ...). Loopback unless the
+//! configuration says otherwise.
 
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    path::PathBuf,
+    os::unix::fs::OpenOptionsExt as _,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the slot-duration histogram: around the 400 ms
 /// slot (going down to 250 ms), with room for slow ones.
@@ -301,21 +305,29 @@ fn heap_bytes() -> Option<(u64, u64)> {
     None
 }
 
-/// Serves /metrics and / until the task is dropped.
 /// Connections served at once; one more is closed as soon as it is
 /// accepted (a scraper needs one; idle clients must not take the
 /// descriptors the profiling itself needs).
 pub const MAX_CONNECTIONS: usize = 32;
+/// A request's head must arrive within this.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection lasts at most this long (one request each).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest file of the export served (slot files are ~1 MB).
+const MAX_FILE: u64 = 64 << 20;
 
-pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, index: PathBuf) {
+/// Serves /metrics, / and the export's files (under `export_dir`) until the
+/// task is dropped.
+pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, export_dir: PathBuf) {
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let export_dir = Arc::new(export_dir);
     loop {
-        let mut conn = match listener.accept().await {
+        let conn = match listener.accept().await {
             Ok((conn, _)) => conn,
             // Out of descriptors (or another transient failure): the
             // listener stays readable, so wait instead of spinning.
             Err(_) => {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
@@ -323,57 +335,139 @@ pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, index: Pa
             drop(conn);
             continue;
         };
-        let state = state.clone();
-        let index = index.clone();
+        let (state, export_dir) = (state.clone(), export_dir.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            // The request line may come in several segments: read until the
-            // end of the head (or 4 KiB, or 3 s), never answering a part.
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
-            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                match tokio::time::timeout_at(deadline, conn.read(&mut buf[n..])).await {
-                    Ok(Ok(0)) => break,
-                    Ok(Ok(got)) => n += got,
-                    _ => return,
-                }
-            }
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request
-                .lines()
-                .next()
-                .and_then(|l| l.strip_prefix("GET "))
-                .and_then(|l| l.split(' ').next())
-                .unwrap_or("");
-            let (status, kind, body) = match path {
-                "/metrics" => {
-                    let snapshot = state.lock().unwrap().clone();
-                    let (cpu, rss) = own_usage();
-                    (
-                        "200 OK",
-                        "text/plain; version=0.0.4",
-                        render(&snapshot, cpu, rss).into_bytes(),
-                    )
-                }
-                "/" | "/index.html" => match std::fs::read(&index) {
-                    Ok(b) => ("200 OK", "text/html; charset=utf-8", b),
-                    Err(_) => ("404 Not Found", "text/plain", b"no index.html yet\n".to_vec()),
-                },
-                _ => ("404 Not Found", "text/plain", b"try /metrics or /\n".to_vec()),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(&body).await;
+            let service = hyper::service::service_fn(move |req| {
+                let answer = answer(&req, &state, &export_dir);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
         });
     }
 }
 
+fn reply(status: StatusCode, kind: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_str(kind).expect("a valid type"),
+    );
+    r
+}
+
+/// The answer to one request.
+fn answer<B>(req: &Request<B>, state: &Mutex<Snapshot>, export_dir: &Path) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only: this server is read-only\n",
+        );
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let snapshot = state.lock().unwrap().clone();
+            let (cpu, rss) = own_usage();
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                render(&snapshot, cpu, rss),
+            )
+        }
+        "/" => export_file(export_dir, "index.html"),
+        path => export_file(export_dir, path),
+    }
+}
+
+/// A file of the export, by its path relative to the export directory:
+/// only plain names (no `..`, no hidden or temporary files, no symbolic
+/// links), only regular files, read-only.
+fn export_file(export_dir: &Path, path: &str) -> Response<Full<Bytes>> {
+    let not_found = |why: &str| {
+        reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("{why}; try / (the index of the export) or /metrics\n"),
+        )
+    };
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let plain = |p: &&str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    if parts.is_empty() || !parts.iter().all(plain) {
+        return not_found("not a file of the export");
+    }
+    let mut file = export_dir.to_path_buf();
+    for part in &parts {
+        file.push(part);
+        // No symbolic link anywhere below the export directory.
+        match std::fs::symlink_metadata(&file) {
+            Ok(m) if m.file_type().is_symlink() => return not_found("not a file of the export"),
+            Ok(_) => {}
+            Err(_) => return not_found("no such file in the export (yet, or any more)"),
+        }
+    }
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&file);
+    let mut f = match opened {
+        Ok(f) => f,
+        Err(_) => return not_found("no such file in the export (yet, or any more)"),
+    };
+    match f.metadata() {
+        Ok(m) if m.is_file() && m.len() <= MAX_FILE => {}
+        Ok(m) if m.is_file() => {
+            return reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "text/plain",
+                "larger than 64 MiB: read it on disk\n",
+            )
+        }
+        _ => return not_found("not a file of the export"),
+    }
+    let mut body = Vec::new();
+    use std::io::Read;
+    if (&mut f).take(MAX_FILE).read_to_end(&mut body).is_err() {
+        return reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            "cannot read that file\n",
+        );
+    }
+    let name = parts.last().copied().unwrap_or("");
+    let kind = match name.rsplit_once('.').map_or("", |(_, e)| e) {
+        "html" => "text/html; charset=utf-8",
+        "svg" => "image/svg+xml",
+        "json" => "application/json",
+        "jsonl" => "application/x-ndjson",
+        "csv" => "text/csv",
+        "folded" | "txt" => "text/plain; charset=utf-8",
+        "gz" => "application/gzip",
+        _ => "application/octet-stream",
+    };
+    reply(StatusCode::OK, kind, body)
+}
+
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
     fn snapshot() -> Snapshot {
@@ -466,11 +560,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("slotprof-metrics-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("index.html"), "<html>slots</html>").unwrap();
-        let server = tokio::spawn(serve(
-            listener,
-            Arc::new(Mutex::new(snapshot())),
-            dir.join("index.html"),
-        ));
+        let server = tokio::spawn(serve(listener, Arc::new(Mutex::new(snapshot())), dir.clone()));
         let get = |path: &'static str| async move {
             let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
             c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
@@ -495,6 +585,42 @@ mod tests {
         assert!(value(&scrape, "slotprof_process_resident_memory_bytes", None) > 0.0);
         assert!(get("/").await.ends_with("<html>slots</html>"));
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        // The files the index links to, read-only; nothing outside.
+        std::fs::create_dir_all(dir.join("slots/7")).unwrap();
+        std::fs::write(dir.join("slots/7/oncpu.svg"), "<svg/>").unwrap();
+        std::fs::write(dir.join(".secret.tmp"), "temporary").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("slots/7/link.svg")).unwrap();
+        let svg = get("/slots/7/oncpu.svg").await;
+        assert!(
+            svg.starts_with("HTTP/1.1 200 OK") && svg.ends_with("<svg/>"),
+            "{svg}"
+        );
+        assert!(
+            svg.to_ascii_lowercase().contains("content-type: image/svg+xml"),
+            "{svg}"
+        );
+        for bad in [
+            "/../../etc/hostname",
+            "/slots/%2e%2e/%2e%2e/etc/hostname",
+            "/slots/7/link.svg",
+            "/.secret.tmp",
+            "/slots/7",
+            "/slots//7/oncpu.svg",
+            "//etc/hostname",
+        ] {
+            let r = get(bad).await;
+            assert!(
+                r.starts_with("HTTP/1.1 404") || r.starts_with("HTTP/1.1 400"),
+                "{bad}: {r}"
+            );
+        }
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
         // A request in pieces (as `write!` on a raw socket sends it) is
         // answered whole, not from its first segment (a CI failure: the
         // answer to "GET " closed the socket under the rest).
@@ -537,7 +663,7 @@ mod tests {
         let server = tokio::spawn(serve(
             listener,
             Arc::new(Mutex::new(snapshot())),
-            std::path::PathBuf::from("/nonexistent/index.html"),
+            std::path::PathBuf::from("/nonexistent"),
         ));
         let before = open_descriptors();
         let mut idle = Vec::new();

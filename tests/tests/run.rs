@@ -131,6 +131,28 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
     std::thread::sleep(Duration::from_millis(1500));
     let scrape_text = http_get(metrics, "/metrics");
     let index = http_get(metrics, "/");
+    // Every kind of link the index holds answers over HTTP, as on disk.
+    let links: Vec<&str> = index
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|l| l.split('"').next())
+        .filter(|l| l.starts_with("slots/"))
+        .collect();
+    assert!(!links.is_empty(), "no slot links in the index");
+    for link in links
+        .iter()
+        .filter(|l| l.ends_with(".svg"))
+        .take(2)
+        .chain(links.iter().filter(|l| l.ends_with(".json")).take(1))
+    {
+        let served = http_get(metrics, &format!("/{link}"));
+        let on_disk = std::fs::read_to_string(export.join(link)).unwrap_or_default();
+        assert_eq!(
+            served.len(),
+            on_disk.len(),
+            "/{link} over HTTP and on disk differ"
+        );
+    }
     let (status, said) = daemon.stop();
     assert!(status.success(), "slotprof run exited with {status}");
 

@@ -317,7 +317,7 @@ fn serve_metrics(
     Ok(tokio::spawn(metrics::serve(
         listener,
         snapshot.clone(),
-        config.export_dir.join("index.html"),
+        config.export_dir.clone(),
     )))
 }
 
