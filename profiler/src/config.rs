@@ -88,7 +88,7 @@ struct MetricsSection {
 impl Default for MetricsSection {
     fn default() -> Self {
         Self {
-            listen: "127.0.0.1:9464".into(),
+            listen: "127.0.0.1:10440".into(),
             allow_remote: false,
         }
     }
@@ -246,7 +246,7 @@ impl Config {
         };
         let metrics_listen: SocketAddr = f.metrics.listen.parse().map_err(|_| {
             anyhow::anyhow!(
-                "metrics.listen: {:?} is not an address: use IP:PORT, e.g. \"127.0.0.1:9464\"",
+                "metrics.listen: {:?} is not an address: use IP:PORT, e.g. \"127.0.0.1:10440\"",
                 f.metrics.listen
             )
         })?;
@@ -345,7 +345,7 @@ mod tests {
         assert_eq!(c.retention_bytes, 20 << 30);
         assert_eq!(c.retention_age, Duration::from_secs(7 * 86400));
         assert_eq!(c.free_space_floor, 5 << 30);
-        assert_eq!(c.metrics_listen, "127.0.0.1:9464".parse().unwrap());
+        assert_eq!(c.metrics_listen, "127.0.0.1:10440".parse().unwrap());
         assert!(matches!(
             c.slot_source,
             Some(crate::slots::SlotSourceSpec::Rpc(_))
@@ -382,10 +382,10 @@ mod tests {
         );
         let e = err(&format!("{t}[export]\nretention_bytes = \"20 potatoes\"\n"));
         assert!(e.contains("export.retention_bytes") && e.contains("GiB"), "{e}");
-        let e = err(&format!("{t}[metrics]\nlisten = \"0.0.0.0:9464\"\n"));
+        let e = err(&format!("{t}[metrics]\nlisten = \"0.0.0.0:10440\"\n"));
         assert!(e.contains("allow_remote"), "{e}");
         assert!(Config::parse(&format!(
-            "{t}[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n"
+            "{t}[metrics]\nlisten = \"0.0.0.0:10440\"\nallow_remote = true\n"
         ))
         .is_ok());
         let e = err(&format!("{t}[sampling]\nmin_offcpu = \"1 fortnight\"\n"));

@@ -81,6 +81,18 @@ pub struct Snapshot {
     pub unwind_table_bytes: u64,
     /// Times the symbol tables were released after going unused.
     pub symbol_releases: u64,
+    /// The probes are attached to a live target now.
+    pub target_attached: bool,
+    /// The slot source in use (`rpc`, `uprobe`, `clock`) and whether it
+    /// gives slots now (the RPC answering; a uprobe or the clock always).
+    pub slot_source: &'static str,
+    pub slot_source_healthy: bool,
+    /// Nothing is written: the export's file system is below its floor.
+    pub export_paused: bool,
+    /// The last slot written (in full or as its summary line), and when
+    /// (seconds since the Unix epoch).
+    pub last_exported_slot: Option<u64>,
+    pub last_export_unix_s: Option<f64>,
 }
 
 impl Default for Snapshot {
@@ -100,29 +112,64 @@ impl Default for Snapshot {
             user_stacks: BTreeMap::new(),
             unwind_table_bytes: 0,
             symbol_releases: 0,
+            target_attached: false,
+            slot_source: "clock",
+            slot_source_healthy: false,
+            export_paused: false,
+            last_exported_slot: None,
+            last_export_unix_s: None,
         }
     }
 }
 
-/// slotprof's own CPU time (seconds) and resident memory (bytes).
-pub fn own_usage() -> (f64, u64) {
+/// slotprof's own process, as Prometheus's standard `process_*`
+/// metrics name it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Process {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub virtual_bytes: u64,
+    /// Seconds since the Unix epoch.
+    pub start_time_seconds: f64,
+    pub open_fds: u64,
+    pub max_fds: u64,
+}
+
+/// Reads [`Process`] from /proc/self.
+pub fn own_process() -> Process {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ") ".
+    // Fields after the command name (which may hold spaces) start at ") ";
+    // field N of proc(5) is index N - 3 here.
     let fields: Vec<&str> = stat
         .rsplit_once(") ")
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
+    // SAFETY: sysconf has no side effects.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the name.
-    let cpu = (field(11) + field(12)) / ticks;
+    // SAFETY: as above.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    let rss = std::fs::read_to_string("/proc/self/statm")
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let boot = std::fs::read_to_string("/proc/stat")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0)
-        * page;
-    (cpu, rss)
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a local struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    Process {
+        cpu_seconds: (field(14) + field(15)) as f64 / ticks,
+        resident_bytes: field(24) * page,
+        virtual_bytes: field(23),
+        start_time_seconds: boot as f64 + field(22) as f64 / ticks,
+        open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+        max_fds: lim.rlim_cur,
+    }
 }
 
 fn escape(v: &str) -> String {
@@ -130,7 +177,7 @@ fn escape(v: &str) -> String {
 }
 
 /// Renders the text exposition format.
-pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
+pub fn render(s: &Snapshot, own: &Process) -> String {
     let mut out = String::new();
     let section = |out: &mut String, name: &str, kind: &str, help: &str, lines: Vec<String>| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -266,18 +313,98 @@ pub fn render(s: &Snapshot, own_cpu_s: f64, own_rss: u64) -> String {
     );
     section(
         &mut out,
-        "slotprof_process_cpu_seconds_total",
-        "counter",
-        "slotprof's own CPU time (user + system).",
-        vec![format!("slotprof_process_cpu_seconds_total {own_cpu_s}")],
+        "slotprof_build_info",
+        "gauge",
+        "slotprof's version (always 1).",
+        vec![format!(
+            "slotprof_build_info{{version=\"{}\"}} 1",
+            escape(env!("CARGO_PKG_VERSION"))
+        )],
+    );
+    let flag = |b: bool| u8::from(b);
+    section(
+        &mut out,
+        "slotprof_target_attached",
+        "gauge",
+        "1 while the probes are attached to a live target; 0 while slotprof waits for it.",
+        vec![format!("slotprof_target_attached {}", flag(s.target_attached))],
     );
     section(
         &mut out,
-        "slotprof_process_resident_memory_bytes",
+        "slotprof_slot_source_healthy",
         "gauge",
-        "slotprof's own resident memory.",
-        vec![format!("slotprof_process_resident_memory_bytes {own_rss}")],
+        "1 while the slot source gives slots (the RPC answering), by source.",
+        vec![format!(
+            "slotprof_slot_source_healthy{{source=\"{}\"}} {}",
+            escape(s.slot_source),
+            flag(s.slot_source_healthy)
+        )],
     );
+    section(
+        &mut out,
+        "slotprof_export_paused",
+        "gauge",
+        "1 while nothing is written: the export's file system is below its free-space floor.",
+        vec![format!("slotprof_export_paused {}", flag(s.export_paused))],
+    );
+    if let (Some(slot), Some(at)) = (s.last_exported_slot, s.last_export_unix_s) {
+        section(
+            &mut out,
+            "slotprof_last_exported_slot",
+            "gauge",
+            "The last slot written to the export (in full or as its summary line).",
+            vec![format!("slotprof_last_exported_slot {slot}")],
+        );
+        section(
+            &mut out,
+            "slotprof_last_export_timestamp_seconds",
+            "gauge",
+            "When the last slot was written (Unix time); alert on time() minus this.",
+            vec![format!("slotprof_last_export_timestamp_seconds {at:.3}")],
+        );
+    }
+    // The standard process metrics, unprefixed, as every Prometheus client
+    // library names them.
+    for (name, kind, help, value) in [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            format!("{}", own.cpu_seconds),
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            own.resident_bytes.to_string(),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            own.virtual_bytes.to_string(),
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            format!("{:.2}", own.start_time_seconds),
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            own.open_fds.to_string(),
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            own.max_fds.to_string(),
+        ),
+    ] {
+        section(&mut out, name, kind, help, vec![format!("{name} {value}")]);
+    }
     if let Some((in_use, free)) = heap_bytes() {
         section(
             &mut out,
@@ -379,11 +506,10 @@ fn answer<B>(req: &Request<B>, state: &Mutex<Snapshot>, export_dir: &Path) -> Re
     match req.uri().path() {
         "/metrics" => {
             let snapshot = state.lock().unwrap().clone();
-            let (cpu, rss) = own_usage();
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4",
-                render(&snapshot, cpu, rss),
+                render(&snapshot, &own_process()),
             )
         }
         "/" => export_file(export_dir, "index.html"),
@@ -509,7 +635,17 @@ mod tests {
 
     #[test]
     fn renders_what_a_real_parser_reads_back() {
-        let text = render(&snapshot(), 1.5, 64 << 20);
+        let mut snap = snapshot();
+        snap.target_attached = true;
+        snap.slot_source = "rpc";
+        snap.last_exported_slot = Some(1234);
+        snap.last_export_unix_s = Some(1.7e9);
+        let own = Process {
+            cpu_seconds: 1.5,
+            resident_bytes: 64 << 20,
+            ..own_process()
+        };
+        let text = render(&snap, &own);
         let scrape = parse(&text);
         assert_eq!(
             value(&scrape, "slotprof_findings_total", Some(("kind", "MainLoopGap"))),
@@ -526,8 +662,44 @@ mod tests {
         );
         assert_eq!(value(&scrape, "slotprof_unwind_table_bytes", None), 4096.0);
         assert_eq!(
-            value(&scrape, "slotprof_process_resident_memory_bytes", None),
+            value(&scrape, "process_resident_memory_bytes", None),
             (64 << 20) as f64
+        );
+        assert_eq!(value(&scrape, "process_cpu_seconds_total", None), 1.5);
+        // The process's own figures, read from /proc/self: plausible.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = value(&scrape, "process_start_time_seconds", None);
+        assert!(
+            started > now - 86_400.0 * 365.0 && started <= now + 1.0,
+            "{started} vs now {now}"
+        );
+        let (open, max) = (
+            value(&scrape, "process_open_fds", None),
+            value(&scrape, "process_max_fds", None),
+        );
+        assert!(open >= 3.0 && max >= open, "{open} of {max}");
+        assert!(value(&scrape, "process_virtual_memory_bytes", None) > 0.0);
+        assert_eq!(
+            value(
+                &scrape,
+                "slotprof_build_info",
+                Some(("version", env!("CARGO_PKG_VERSION")))
+            ),
+            1.0
+        );
+        assert_eq!(value(&scrape, "slotprof_target_attached", None), 1.0);
+        assert_eq!(
+            value(&scrape, "slotprof_slot_source_healthy", Some(("source", "rpc"))),
+            0.0
+        );
+        assert_eq!(value(&scrape, "slotprof_export_paused", None), 0.0);
+        assert_eq!(value(&scrape, "slotprof_last_exported_slot", None), 1234.0);
+        assert!(
+            !text.contains("slotprof_process_"),
+            "the process metrics are unprefixed"
         );
         assert_eq!(
             value(
@@ -582,7 +754,7 @@ mod tests {
             ),
             1.0
         );
-        assert!(value(&scrape, "slotprof_process_resident_memory_bytes", None) > 0.0);
+        assert!(value(&scrape, "process_resident_memory_bytes", None) > 0.0);
         assert!(get("/").await.ends_with("<html>slots</html>"));
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
         // The files the index links to, read-only; nothing outside.

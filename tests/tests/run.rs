@@ -255,6 +255,30 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
         prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .expect("valid exposition format");
     }
+    // The gauges an alert reads: attached with a healthy RPC while the
+    // target ran, detached once it was gone; the last slot written.
+    let gauge = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    };
+    let running = pre_scrape.as_deref().expect("a scrape while the target ran");
+    assert_eq!(gauge(running, "slotprof_target_attached"), 1.0, "{running}");
+    assert_eq!(
+        gauge(running, "slotprof_slot_source_healthy{source=\"rpc\"}"),
+        1.0,
+        "{running}"
+    );
+    assert!(
+        gauge(running, "slotprof_last_exported_slot") >= 345_600_102.0,
+        "{running}"
+    );
+    assert_eq!(
+        gauge(&scrape_text, "slotprof_target_attached"),
+        0.0,
+        "{scrape_text}"
+    );
+    assert!(gauge(&scrape_text, "process_resident_memory_bytes") > 0.0);
     let scrape = prometheus_parse::Scrape::parse(scrape_text.lines().map(|l| Ok(l.to_string()))).unwrap();
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for f in read_json(&export.join("findings.json")).as_array().unwrap() {

@@ -1128,7 +1128,7 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
             let text = http_get(metrics, "/metrics");
             if let Some(v) = text
                 .lines()
-                .find_map(|l| l.strip_prefix("slotprof_process_resident_memory_bytes "))
+                .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
                 .and_then(|v| v.trim().parse::<f64>().ok())
             {
                 rss.push((started.elapsed().as_secs(), v / 1048576.0));

@@ -275,6 +275,11 @@ impl Exporter {
     }
 
     /// Bytes the export holds.
+    /// Nothing is written now: the file system is below its floor.
+    pub fn paused(&self) -> bool {
+        self.paused
+    }
+
     pub fn bytes(&self) -> u64 {
         self.total + self.root_bytes
     }

@@ -633,6 +633,23 @@ async fn follow(
         config.frequency_hz,
         config.export_dir.display()
     );
+    let source_name = match &slot_source {
+        SlotSourceSpec::Rpc(_) => "rpc",
+        SlotSourceSpec::Uprobe { .. } => "uprobe",
+        _ => "clock",
+    };
+    let source_health = |log: &SharedSlotLog| match &slot_source {
+        SlotSourceSpec::Rpc(_) | SlotSourceSpec::Uprobe { rpc: Some(_), .. } => log.lock().unwrap().healthy,
+        _ => true,
+    };
+    {
+        let mut s = snapshot.lock().unwrap();
+        s.slot_source = source_name;
+        s.slot_source_healthy = source_health(&slot_log);
+        s.target_attached = true;
+    }
+    // Attached until this function returns, however it returns.
+    let _attached = Attached(snapshot.clone());
     let mut sym = crate::session::symbolizer_for(target.pid)?;
     let mut maps_errors = crate::session::MapsErrors::default();
     let mut phase = config.phase_probe.as_ref().map(|c| {
@@ -736,6 +753,11 @@ async fn follow(
                 chunk.exporter.refresh(false);
                 losses.busy(began.elapsed(), ring.queued_bytes());
                 if now_and_then {
+                    {
+                        let mut s = snapshot.lock().unwrap();
+                        s.slot_source_healthy = source_health(&slot_log);
+                        s.export_paused = chunk.exporter.paused();
+                    }
                     let now = update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, false);
                     if let Some(line) = now.and_then(|now| losses.check(&now, done.first().map(|s| s.number))) {
                         eprintln!("{line}");
@@ -778,6 +800,19 @@ async fn follow(
     let meta = meta(&target, &chunk.config);
     chunk.exporter.flush(&meta)?;
     Ok(end)
+}
+
+/// Marks the target attached in /metrics while alive; detached when
+/// dropped (every way out of [`follow`]).
+struct Attached(Arc<Mutex<Snapshot>>);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.target_attached = false;
+            s.slot_source_healthy = false;
+        }
+    }
 }
 
 fn meta(target: &Target, config: &Config) -> ProfileMeta {
@@ -1012,6 +1047,13 @@ impl Chunk<'_> {
                 *s.findings.entry(f.kind.to_string()).or_default() += 1;
             }
             s.slot_durations.observe(slot.duration_ns() as f64 / 1e9);
+            if matches!(how, export::Exported::Full | export::Exported::Summary) {
+                s.last_exported_slot = Some(slot.number);
+                s.last_export_unix_s = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_secs_f64());
+            }
             match how {
                 export::Exported::Full => s.slots_exported += 1,
                 export::Exported::Summary => s.slots_summarised += 1,
