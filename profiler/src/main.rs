@@ -280,5 +280,16 @@ fn finish(outcome: session::Outcome) -> anyhow::Result<()> {
     for w in s.warnings.iter().filter(|w| !outcome.printed.contains(w)) {
         eprintln!("slotprof: warning: {w}");
     }
+    if !s.missing.is_empty() {
+        for m in &s.missing {
+            eprintln!("slotprof: error: not written: {}", m.error);
+        }
+        anyhow::bail!(
+            "{} output(s) could not be written; {} says what is there and what is not (\"complete\": \
+             false): free some space on that file system (or choose another --out) and run again",
+            s.missing.len(),
+            outcome.summary_path.display()
+        );
+    }
     Ok(())
 }

@@ -52,9 +52,21 @@ pub struct Summary {
     /// The guest-side phase probe's findings (`--phase-probe`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase_probe: Option<PhaseProbe>,
+    /// false while the outputs are being written (summary.json is
+    /// written first), and when one of them could not be.
+    pub complete: bool,
     pub outputs: Vec<String>,
+    /// Outputs that could not be written (a full disk), with why.
+    pub missing: Vec<MissingOutput>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
+}
+
+/// An output that could not be written.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MissingOutput {
+    pub path: String,
+    pub error: String,
 }
 
 /// The kernel's accounting of the probes' run time.
@@ -389,7 +401,7 @@ pub fn write_profiles(
 
 /// [`write_profiles`] into `dir`, each file through `write` (a new,
 /// private directory published whole by one rename needs no atomic file
-/// writes inside it).
+/// writes inside it); the first failure is the error.
 pub fn write_profiles_with(
     dir: &Path,
     p: &Profiles,
@@ -398,28 +410,45 @@ pub fn write_profiles_with(
     write: fn(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    let mut put = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
-        let path = dir.join(name);
-        write(&path, bytes)?;
+    for (path, result) in write_profiles_each(dir, p, meta, subtitle, write) {
+        result?;
         written.push(path);
-        Ok(())
+    }
+    Ok(written)
+}
+
+/// Every profile file of `p` into `dir`, each tried whatever became of
+/// the others (a full disk fails the big ones and may spare the small):
+/// each path with how its write ended.
+pub fn write_profiles_each(
+    dir: &Path,
+    p: &Profiles,
+    meta: &ProfileMeta,
+    subtitle: &str,
+    write: fn(&Path, &[u8]) -> anyhow::Result<()>,
+) -> Vec<(PathBuf, anyhow::Result<()>)> {
+    let mut done = Vec::new();
+    let mut put = |name: &str, bytes: anyhow::Result<Vec<u8>>| {
+        let path = dir.join(name);
+        let result = bytes.and_then(|b| write(&path, &b));
+        done.push((path, result));
     };
-    put("oncpu.folded", p.oncpu.to_text().as_bytes())?;
+    put("oncpu.folded", Ok(p.oncpu.to_text().into_bytes()));
     let on = SvgOptions {
         title: "On-CPU".into(),
         subtitle: Some(subtitle.to_string()),
         count_name: "samples".into(),
         palette: "rust".into(),
     };
-    put("oncpu.svg", &svg::render(&p.oncpu, &on)?)?;
-    put("offcpu.folded", p.offcpu.to_text().as_bytes())?;
+    put("oncpu.svg", svg::render(&p.oncpu, &on));
+    put("offcpu.folded", Ok(p.offcpu.to_text().into_bytes()));
     let off = SvgOptions {
         title: "Off-CPU".into(),
         subtitle: Some(subtitle.to_string()),
         count_name: "ns".into(),
         palette: "io".into(),
     };
-    put("offcpu.svg", &svg::render(&p.offcpu, &off)?)?;
+    put("offcpu.svg", svg::render(&p.offcpu, &off));
     let profile = pprof::build(
         &[
             (SampleType::new("samples", "count"), &p.oncpu),
@@ -427,8 +456,8 @@ pub fn write_profiles_with(
         ],
         meta,
     );
-    put("profile.pb.gz", &pprof::encode_gzip(&profile)?)?;
-    Ok(written)
+    put("profile.pb.gz", pprof::encode_gzip(&profile).map_err(Into::into));
+    done
 }
 
 /// `uname -r`.

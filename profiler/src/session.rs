@@ -335,7 +335,6 @@ pub async fn run(
         period: (1_000_000_000 / opts.freq_hz.max(1)) as i64,
         comments: vec![subtitle.clone()],
     };
-    let mut written = report::write_profiles(&opts.out, &profiles, &meta, &subtitle)?;
     let ended_mono = started_mono + elapsed.as_nanos() as u64;
     if let Some(t) = &source_task {
         t.abort();
@@ -392,36 +391,6 @@ pub async fn run(
         },
     ));
 
-    let findings_path = opts.out.join("findings.json");
-    crate::output::write_atomic(&findings_path, &serde_json::to_vec_pretty(&findings)?)?;
-    written.push(findings_path);
-    if opts.slot_source.is_some() {
-        let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
-        let slot_phase = |s: &crate::slots::Slot| phase_of(s.start_ns + s.duration_ns() / 2);
-        let mut writer = slot_export::SlotWriter::new(&opts.out, &findings, &slot_phase, &meta, period_ns);
-        agg.resolve_slots_each(&timeline, &stacks, &mut sym, |i, p| {
-            writer.add(&timeline.slots()[i], p)
-        })?;
-        writer.finish()?;
-        written.push(opts.out.join("slots/"));
-        if timeline.slots().iter().any(|s| s.window.is_some()) {
-            written.push(opts.out.join("windows/"));
-        }
-        written.push(opts.out.join("index.html"));
-    }
-    let trace_path = opts.out.join("trace.json");
-    crate::output::write_atomic_with(&trace_path, |w| {
-        slot_export::write_trace(
-            w,
-            target.pid,
-            &target.comm,
-            &timeline,
-            agg.samples(),
-            agg.intervals(),
-        )
-    })?;
-    written.push(trace_path);
-
     let exe_label = target
         .exe
         .as_ref()
@@ -470,9 +439,7 @@ pub async fn run(
         ));
     }
     let summary_path = opts.out.join("summary.json");
-    let mut outputs: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
-    outputs.push(summary_path.display().to_string());
-    let summary = Summary {
+    let mut summary = Summary {
         slotprof_version: crate::VERSION,
         kernel: report::kernel_release(),
         command: opts.command,
@@ -544,11 +511,104 @@ pub async fn run(
             flushes: counters.tlb_local,
             shootdown_ipis: counters.tlb_ipis,
         },
-        outputs,
+        complete: false,
+        outputs: Vec::new(),
+        missing: Vec::new(),
         warnings,
     };
+    // The summary first (small): a disk that fills while the profiles are
+    // written leaves it saying what is there and what is not.
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create output directory {}", opts.out.display()))?;
+    // Padded with 8 KiB of trailing whitespace (still JSON): the room the
+    // final summary's output and missing lists take, so that it can be
+    // written over this one in place when the disk is full by then.
+    let mut first_summary = serde_json::to_vec_pretty(&summary)?;
+    first_summary.extend(std::iter::repeat_n(b' ', 8 << 10));
+    first_summary.push(b'\n');
+    crate::output::write_atomic(&summary_path, &first_summary).with_context(|| {
+        format!(
+            "nothing was written to {}: free some space there (or choose another --out) and run again",
+            opts.out.display()
+        )
+    })?;
+    let mut written: Vec<PathBuf> = Vec::new();
+    let mut missing: Vec<report::MissingOutput> = Vec::new();
+    let mut attempt = |path: PathBuf, result: anyhow::Result<()>| match result {
+        Ok(()) => written.push(path),
+        Err(e) => missing.push(report::MissingOutput {
+            path: path.display().to_string(),
+            error: format!("{e:#}"),
+        }),
+    };
+    for (path, result) in report::write_profiles_each(
+        &opts.out,
+        &profiles,
+        &meta,
+        &subtitle,
+        crate::output::write_atomic,
+    ) {
+        attempt(path, result);
+    }
+    let findings_path = opts.out.join("findings.json");
+    attempt(
+        findings_path.clone(),
+        serde_json::to_vec_pretty(&findings)
+            .map_err(anyhow::Error::from)
+            .and_then(|json| crate::output::write_atomic(&findings_path, &json)),
+    );
+    if opts.slot_source.is_some() {
+        let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
+        let slot_phase = |s: &crate::slots::Slot| phase_of(s.start_ns + s.duration_ns() / 2);
+        let mut writer = slot_export::SlotWriter::new(&opts.out, &findings, &slot_phase, &meta, period_ns);
+        let slots = agg
+            .resolve_slots_each(&timeline, &stacks, &mut sym, |i, p| {
+                writer.add(&timeline.slots()[i], p)
+            })
+            .and_then(|()| writer.finish());
+        let has_windows = timeline.slots().iter().any(|s| s.window.is_some());
+        match slots {
+            Ok(_) => {
+                attempt(opts.out.join("slots/"), Ok(()));
+                if has_windows {
+                    attempt(opts.out.join("windows/"), Ok(()));
+                }
+                attempt(opts.out.join("index.html"), Ok(()));
+            }
+            Err(e) => attempt(opts.out.join("slots/"), Err(e)),
+        }
+    }
+    let trace_path = opts.out.join("trace.json");
+    attempt(
+        trace_path.clone(),
+        crate::output::write_atomic_with(&trace_path, |w| {
+            slot_export::write_trace(
+                w,
+                target.pid,
+                &target.comm,
+                &timeline,
+                agg.samples(),
+                agg.intervals(),
+            )
+        }),
+    );
+    written.push(summary_path.clone());
+    summary.complete = missing.is_empty();
+    summary.outputs = written.iter().map(|p| p.display().to_string()).collect();
+    summary.missing = missing;
     let json = serde_json::to_vec_pretty(&summary)?;
-    crate::output::write_atomic(&summary_path, &json)?;
+    if let Err(e) = crate::output::write_atomic(&summary_path, &json) {
+        // No room for a second copy beside the first: rewrite it in place
+        // (its own blocks are freed first); if that fails too, put the
+        // first one back (it fitted before), marked incomplete.
+        if std::fs::write(&summary_path, &json).is_err() {
+            let _ = std::fs::write(&summary_path, &first_summary);
+            summary.missing.push(report::MissingOutput {
+                path: summary_path.display().to_string(),
+                error: format!("{e:#} (the one there says \"complete\": false)"),
+            });
+        }
+    }
     Ok(Outcome {
         summary,
         summary_path,

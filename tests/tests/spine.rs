@@ -377,3 +377,91 @@ fn record_of_a_missing_command_says_so() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no such executable"), "{err}");
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped (a panic
+/// included).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The disk fills while the profiles are written: summary.json (written
+/// first) is there and says `"complete": false`, every output it lists is
+/// on disk, every one it lists as missing is not, no temporary file is
+/// left, and slotprof exits non-zero saying what to do.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_disk_full_at_the_end_keeps_the_summary_and_says_what_is_missing() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("full");
+    let out = dir.join("out");
+    // 40 KiB: the summary (~12 KB) fits, the flamegraphs (20-30 KB each)
+    // and the trace (~45 KB) do not all fit.
+    let Some(_fs) = Tmpfs::mount(&out, "40k") else {
+        skip(
+            Need::Other,
+            "cannot mount a tmpfs (mount -t tmpfs) for the full disk",
+        );
+        return;
+    };
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        stall_program("stall-spin-sleep").to_str().unwrap(),
+        "--seconds",
+        "2",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a partial output must not exit 0");
+    assert!(
+        stderr.contains("could not be written") && stderr.contains("free some space"),
+        "{stderr}"
+    );
+    let s = read_json(&out.join("summary.json"));
+    assert_eq!(s["complete"], false, "{s}");
+    assert!(s["counts"]["oncpu_samples"].as_u64().unwrap_or(0) > 0, "{s}");
+    for listed in s["outputs"].as_array().unwrap() {
+        let p = std::path::Path::new(listed.as_str().unwrap());
+        assert!(
+            p.exists(),
+            "{} is listed as written but is not there",
+            p.display()
+        );
+    }
+    // The summary rewritten in place at the end lists what is missing.
+    assert!(!s["missing"].as_array().unwrap().is_empty(), "{s}");
+    for m in s["missing"].as_array().unwrap() {
+        let p = std::path::Path::new(m["path"].as_str().unwrap());
+        assert!(!p.exists(), "{} is listed as missing but is there", p.display());
+        assert!(m["error"].as_str().unwrap().contains("No space left"), "{m}");
+    }
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    eprintln!("on the full disk: {names:?}; missing {}", s["missing"]);
+    assert!(
+        !names.iter().any(|n| n.starts_with('.')),
+        "temporary files left: {names:?}"
+    );
+    drop(_fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
