@@ -187,6 +187,23 @@ pub struct TargetSummary {
     pub exited: bool,
     /// Seconds into the session when it was seen gone.
     pub exited_after_s: Option<f64>,
+    /// A kernel thread: no user stacks, nothing for most detectors.
+    pub kernel_thread: bool,
+    /// Programs it exec()ed during the session (`comm` and `exe` above
+    /// are the last one's); the profile holds all of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub execs: Vec<ExecSummary>,
+}
+
+/// An exec of the target seen during the session.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExecSummary {
+    /// Seconds into the session when it was seen (checked every second).
+    pub seen_after_s: f64,
+    pub from_comm: String,
+    pub from_exe: Option<PathBuf>,
+    pub comm: String,
+    pub exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Serialize)]

@@ -119,7 +119,7 @@ pub async fn run(
         detector_probes: opts.detector_probes,
     })?;
     // Said now, when it matters, and kept for the summary (not said twice).
-    let attach_warnings: Vec<String> = probes
+    let mut attach_warnings: Vec<String> = probes
         .status
         .iter()
         .filter(|p| !p.attached)
@@ -132,6 +132,15 @@ pub async fn run(
             )
         })
         .collect();
+    let kernel_thread = target.is_kernel_thread();
+    if kernel_thread {
+        attach_warnings.push(format!(
+            "pid {} ({}) is a kernel thread: it has no user space, so there are no user stacks and \
+             nothing for the slot, allocator or lock detectors; only its kernel stacks and off-CPU \
+             time are profiled (to profile the validator, give its pid: `pgrep -f agave-validator`)",
+            target.pid, target.comm
+        ));
+    }
     for w in &attach_warnings {
         eprintln!("slotprof: warning: {w}");
     }
@@ -151,6 +160,7 @@ pub async fn run(
         target = wait_for_exec(&target).await;
     }
     let mut sym = symbolizer_for(target.pid)?;
+    let mut execs: Vec<report::ExecSummary> = Vec::new();
     // The prologue scan reads the whole executable (a validator's is 77 MB:
     // most of a second): beside the loop, which must drain the ring from
     // the first moment (it filled while the scan ran first).
@@ -198,6 +208,31 @@ pub async fn run(
                 if held.is_none() && !target.is_alive() {
                     exited_after = Some(started.elapsed());
                     break Stop::TargetExited;
+                }
+                if ticks.is_multiple_of(4) {
+                    if let Some((comm, exe)) = target.exec_since() {
+                        let seen = report::ExecSummary {
+                            seen_after_s: started.elapsed().as_secs_f64(),
+                            from_comm: target.comm.clone(),
+                            from_exe: target.exe.clone(),
+                            comm,
+                            exe,
+                        };
+                        let w = format!(
+                            "the target exec()ed {} ({}) {:.1} s into the session (it ran {} before): \
+                             the profile holds both programs, and the summary names the new one",
+                            seen.exe.as_deref().map_or("?".into(), |e| e.display().to_string()),
+                            seen.comm,
+                            seen.seen_after_s,
+                            seen.from_exe.as_deref().map_or(seen.from_comm.clone(), |e| e.display().to_string()),
+                        );
+                        eprintln!("slotprof: warning: {w}");
+                        attach_warnings.push(w);
+                        if let Ok(now) = Target::from_pid(target.pid) {
+                            target = now;
+                        }
+                        execs.push(seen);
+                    }
                 }
                 if ticks <= 8 || ticks.is_multiple_of(4) {
                     // New libraries may have been mapped since the last look
@@ -449,6 +484,8 @@ pub async fn run(
             exe: target.exe.clone(),
             exited: exited_after.is_some(),
             exited_after_s: exited_after.map(|d| d.as_secs_f64()),
+            kernel_thread,
+            execs,
         },
         duration_s: elapsed.as_secs_f64(),
         ended_by: match stop {

@@ -15,6 +15,10 @@ pub struct Target {
     /// Start time in clock ticks after boot (field 22 of /proc/PID/stat):
     /// with the pid it names the process even after the pid is reused.
     start_ticks: u64,
+    /// /proc/PID/auxv as read then: the kernel writes it anew at every
+    /// exec (entry point, program headers, random bytes' address), so it
+    /// tells an exec even of the same executable (busybox applets).
+    auxv: Option<Vec<u8>>,
 }
 
 impl Target {
@@ -35,7 +39,33 @@ impl Target {
             comm,
             exe,
             start_ticks,
+            auxv: std::fs::read(format!("/proc/{pid}/auxv")).ok(),
         })
+    }
+
+    /// Whether it is a kernel thread (PF_KTHREAD in /proc/PID/stat's
+    /// flags): no user space, so no user stacks and nothing of it for the
+    /// slot or allocator detectors.
+    pub fn is_kernel_thread(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|t| stat_flags(&t))
+            .is_some_and(|f| f & PF_KTHREAD != 0)
+    }
+
+    /// The executable the process runs now, when it differs from the one it
+    /// ran when looked up (an exec since); with its name.
+    pub fn exec_since(&self) -> Option<(String, Option<PathBuf>)> {
+        let exe = std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok()?;
+        let auxv = std::fs::read(format!("/proc/{}/auxv", self.pid)).ok();
+        let same_auxv = auxv.is_none() || self.auxv.is_none() || auxv == self.auxv;
+        if (Some(&exe) == self.exe.as_ref() && same_auxv) || !self.is_alive() {
+            return None;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", self.pid))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        Some((comm, Some(exe)))
     }
 
     /// Whether the process still runs (not gone, not a zombie, not a new
@@ -78,6 +108,16 @@ fn parse_stat(text: &str) -> Option<(char, u64)> {
     Some((state, start))
 }
 
+/// The kernel's flag for its own threads (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The flags field (9) of /proc/PID/stat.
+fn stat_flags(text: &str) -> Option<u64> {
+    let rest = text.get(text.rfind(')')? + 2..)?;
+    // Field 9 overall is index 6 after pid and comm.
+    rest.split(' ').nth(6)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +129,21 @@ mod tests {
         assert!(me.exe.is_some());
         let err = Target::from_pid(u32::MAX - 1).unwrap_err().to_string();
         assert!(err.contains("no process with pid"), "{err}");
+    }
+
+    #[test]
+    fn kthreadd_is_a_kernel_thread_and_this_process_is_not() {
+        assert!(!Target::from_pid(std::process::id()).unwrap().is_kernel_thread());
+        // pid 2 is kthreadd in the initial pid namespace; in a container it
+        // may be something else or nothing.
+        if let Ok(t) = Target::from_pid(2) {
+            if t.comm == "kthreadd" {
+                assert!(t.is_kernel_thread());
+            }
+        }
+        let line = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 2 0 0";
+        assert_eq!(stat_flags(line).map(|f| f & PF_KTHREAD != 0), Some(true));
+        assert_eq!(stat_flags("garbage"), None);
     }
 
     #[test]

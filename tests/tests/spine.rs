@@ -465,3 +465,93 @@ fn a_disk_full_at_the_end_keeps_the_summary_and_says_what_is_missing() {
     drop(_fs);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A target that exec()s another program mid-session: said when seen, and
+/// the summary names the new program with the old one under `execs`.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn an_exec_mid_session_is_said_and_the_summary_names_the_new_program() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("exec");
+    // sh runs sleep as a child, then becomes the stall program.
+    let program = stall_program("stall-spin-sleep");
+    let script = format!("sleep 1.5; exec {} --seconds 2", program.display());
+    let o = run_slotprof(&[
+        "record",
+        "--out",
+        dir.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("exec()ed") && stderr.contains("sleep"),
+        "{stderr}"
+    );
+    let s = read_json(&dir.join("summary.json"));
+    let t = &s["target"];
+    // The kernel's comm is 15 bytes.
+    assert_eq!(t["comm"], "stall-spin-slee", "{t}");
+    let execs = t["execs"].as_array().expect("execs");
+    assert_eq!(execs.len(), 1, "{t}");
+    let real = |p: &str| std::fs::canonicalize(p).unwrap();
+    assert_eq!(
+        real(execs[0]["exe"].as_str().unwrap()),
+        real(program.to_str().unwrap()),
+        "{t}"
+    );
+    assert_eq!(
+        real(execs[0]["from_exe"].as_str().unwrap()),
+        real("/bin/sh"),
+        "{t}"
+    );
+    let seen = execs[0]["seen_after_s"].as_f64().unwrap();
+    assert!(
+        (1.0..4.0 * time_scale() as f64).contains(&seen),
+        "seen {seen} s into the session"
+    );
+    // The new program's own hot function is in the profile.
+    assert!(read_folded(&dir.join("oncpu.folded")).total_where(|f| f.ends_with("hot_spin")) > 0);
+    assert_eq!(t["kernel_thread"], false);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// pid 2 (kthreadd) is a kernel thread: profiled, but said so, and marked
+/// in the summary.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_kernel_thread_target_is_said_to_have_no_user_space() {
+    let Some(_k) = kernel() else { return };
+    let comm = std::fs::read_to_string("/proc/2/comm").unwrap_or_default();
+    if comm.trim() != "kthreadd" {
+        skip(
+            Need::Other,
+            format!("pid 2 is {:?} here, not kthreadd", comm.trim()),
+        );
+        return;
+    }
+    let dir = scratch("kthread");
+    let o = run_slotprof(&[
+        "attach",
+        "--pid",
+        "2",
+        "--duration",
+        "1s",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("is a kernel thread"), "{stderr}");
+    let s = read_json(&dir.join("summary.json"));
+    assert_eq!(s["target"]["kernel_thread"], true, "{}", s["target"]);
+    assert!(s["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("kernel thread")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
