@@ -88,9 +88,9 @@ pub async fn run(
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     // The slot source runs beside the session and logs what it sees.
     let slot_log = SharedSlotLog::default();
-    let source_task = match &opts.slot_source {
+    let mut source_task = match &opts.slot_source {
         Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
-            Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone())))
+            Some(rpc::FollowThread::spawn(ep.clone(), slot_log.clone())?)
         }
         _ => None,
     };
@@ -371,7 +371,7 @@ pub async fn run(
         comments: vec![subtitle.clone()],
     };
     let ended_mono = started_mono + elapsed.as_nanos() as u64;
-    if let Some(t) = &source_task {
+    if let Some(t) = &mut source_task {
         t.abort();
     }
     let timeline = match &opts.slot_source {

@@ -588,7 +588,7 @@ async fn follow(
     let slot_log = SharedSlotLog::default();
     let source_task = match &slot_source {
         SlotSourceSpec::Rpc(ep) | SlotSourceSpec::Uprobe { rpc: Some(ep), .. } => {
-            Some(tokio::spawn(rpc::follow(ep.clone(), slot_log.clone())))
+            Some(rpc::FollowThread::spawn(ep.clone(), slot_log.clone())?)
         }
         _ => None,
     };
@@ -788,7 +788,7 @@ async fn follow(
         )?;
     }
     update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, true);
-    if let Some(t) = source_task {
+    if let Some(mut t) = source_task {
         t.abort();
     }
     if let Some(p) = phase {
