@@ -26,6 +26,7 @@ pub mod probes;
 pub mod report;
 pub mod ring_reader;
 pub mod run;
+pub mod sd_notify;
 pub mod session;
 pub mod slot_export;
 pub mod slot_sources;

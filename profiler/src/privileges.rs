@@ -3,26 +3,44 @@
 /// Capability bits (linux/capability.h).
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+const CAP_SYS_ADMIN: u32 = 21;
 
 /// Fails with what to do when slotprof runs without root and without
 /// CAP_BPF + CAP_PERFMON.
 pub fn require_bpf() -> anyhow::Result<()> {
-    if unsafe { libc::geteuid() } == 0 {
-        return Ok(());
-    }
+    // Root counts only with its capabilities: a unit's
+    // CapabilityBoundingSet, or a container, can take them from uid 0.
     let caps = effective_caps().unwrap_or(0);
     let has = |cap: u32| caps & (1u64 << cap) != 0;
-    if has(CAP_BPF) && has(CAP_PERFMON) {
+    if (has(CAP_BPF) && has(CAP_PERFMON)) || has(CAP_SYS_ADMIN) {
         return Ok(());
     }
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "slotprof".into());
+    let lacks: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
     anyhow::bail!(
-        "slotprof needs root, or CAP_BPF + CAP_PERFMON, to load its eBPF probes: \
-         run it with sudo, or grant them once with `sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep {exe}`"
+        "slotprof needs CAP_BPF and CAP_PERFMON to load its eBPF probes (it lacks {}{}): run it as root \
+         (sudo), or grant what it uses once with `sudo setcap {SETCAP_CAPS}+ep {exe}` (CAP_SYS_PTRACE \
+         reads the target's memory and maps, CAP_DAC_READ_SEARCH its files and tracefs, CAP_SYSLOG \
+         kernel symbol addresses, CAP_SYS_RESOURCE lifts the memlock and descriptor limits, \
+         CAP_SYS_ADMIN the kernel stacks of threads already asleep at attach)",
+        lacks.join(" and "),
+        if unsafe { libc::geteuid() } == 0 {
+            " although it runs as root: its capabilities were bounded (systemd's CapabilityBoundingSet, a container)"
+        } else {
+            ""
+        }
     )
 }
+
+/// Every capability slotprof uses, as `setcap` spells them.
+pub const SETCAP_CAPS: &str =
+    "cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search,cap_syslog,cap_sys_resource,cap_sys_admin";
 
 fn effective_caps() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -459,3 +459,182 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
     assert_eq!(leftovers(&export), Vec::<PathBuf>::new(), "partial files left");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The capabilities the systemd unit bounds slotprof to, as setpriv
+/// spells them (`+bpf,+perfmon,...`), read from the unit itself.
+fn unit_capabilities() -> String {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../profiler/packaging/slotprof.service"
+    ))
+    .expect("the unit file");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet= in the unit");
+    line.split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_ascii_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What systemd would be told on `$NOTIFY_SOCKET`: every datagram, with
+/// when it came.
+struct Notifications {
+    got: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
+}
+
+impl Notifications {
+    fn listen(path: &Path) -> Self {
+        let socket = std::os::unix::net::UnixDatagram::bind(path).expect("bind the notify socket");
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = socket.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                sink.lock().unwrap().push((std::time::Instant::now(), text));
+            }
+        });
+        Self { got }
+    }
+
+    /// Waits up to `within` for a message holding `line` after the first
+    /// `after` messages; returns its index.
+    fn wait_for(&self, line: &str, after: usize, within: Duration) -> Option<usize> {
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            let got = self.got.lock().unwrap();
+            if let Some(i) = got
+                .iter()
+                .skip(after)
+                .position(|(_, m)| m.lines().any(|l| l == line))
+            {
+                return Some(after + i);
+            }
+            drop(got);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn all(&self) -> Vec<String> {
+        self.got.lock().unwrap().iter().map(|(_, m)| m.clone()).collect()
+    }
+}
+
+/// The systemd unit's sandbox, without systemd (this machine has no
+/// systemd as PID 1): `slotprof run` as root bounded to exactly the unit's
+/// CapabilityBoundingSet with no new privileges (setpriv), told to notify
+/// a socket of the test's as `Type=notify` does. READY=1 comes once the
+/// probes are attached (the metrics answer then and say attached),
+/// RELOADING=1 then READY=1 around a SIGHUP, WATCHDOG=1 at half of
+/// WATCHDOG_USEC, STOPPING=1 at SIGTERM; the slots are exported. Its twin
+/// without CAP_BPF (and CAP_SYS_ADMIN) fails at start naming CAP_BPF and
+/// never says READY, as `systemctl start` would report.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn the_units_capabilities_suffice_and_systemd_hears_ready_reload_watchdog_and_stop() {
+    let Some(_k) = kernel() else { return };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        skip(
+            Need::Tool("setpriv"),
+            "needs setpriv (util-linux) to bound the capabilities",
+        );
+        return;
+    }
+    let dir = scratch("unit");
+    let export = dir.join("export");
+    let (rpc, metrics) = (free_port_pair(), free_port());
+    let config = write_config(&dir, &config_text(rpc, metrics, &export, "full = \"all\""));
+    let caps = unit_capabilities();
+    eprintln!("the unit's capabilities: {caps}");
+
+    // Without CAP_BPF and CAP_SYS_ADMIN: refused at start, no READY.
+    let lacking: String = caps
+        .split(',')
+        .filter(|c| *c != "+bpf" && *c != "+sys_admin")
+        .collect::<Vec<_>>()
+        .join(",");
+    let sock = dir.join("notify-lacking");
+    let heard = Notifications::listen(&sock);
+    let bounding = format!("-all,{lacking}");
+    let o = Command::new("setpriv")
+        .args(["--bounding-set", &bounding, "--no-new-privs"])
+        .arg(slotprof())
+        .args(["run", "--config", config.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &sock)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "started without CAP_BPF: {said}");
+    assert!(said.contains("CAP_BPF") && said.contains("setcap"), "{said}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !heard.all().iter().any(|m| m.contains("READY=1")),
+        "{:?}",
+        heard.all()
+    );
+
+    // With the unit's set: the whole life of a unit.
+    let sock = dir.join("notify");
+    let heard = Notifications::listen(&sock);
+    let mut validator = start_validator(&dir, rpc, 25, &[]);
+    let bounding = format!("-all,{caps}");
+    let sock_s = sock.to_str().unwrap().to_string();
+    let daemon = Daemon::start_with(
+        &config,
+        &dir,
+        &["setpriv", "--bounding-set", &bounding, "--no-new-privs"],
+        &[("NOTIFY_SOCKET", &sock_s), ("WATCHDOG_USEC", "1000000")],
+    );
+    let ready = heard.wait_for("READY=1", 0, Duration::from_secs(60 * time_scale()));
+    let ready = ready.unwrap_or_else(|| panic!("no READY=1: {:?}", heard.all()));
+    assert!(
+        heard.all()[ready].contains("STATUS=profiling "),
+        "{:?}",
+        heard.all()
+    );
+    let text = http_get(metrics, "/metrics");
+    assert!(text.contains("slotprof_target_attached 1"), "{text}");
+    // CapEff of the daemon is the unit's set, nothing more.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap_or_default();
+    eprintln!(
+        "{}",
+        status
+            .lines()
+            .filter(|l| l.starts_with("Cap"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    let reloading = heard
+        .wait_for("RELOADING=1", ready + 1, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no RELOADING=1 after SIGHUP: {:?}", heard.all()));
+    assert!(
+        heard.all()[reloading].contains("MONOTONIC_USEC="),
+        "{:?}",
+        heard.all()
+    );
+    heard
+        .wait_for("READY=1", reloading + 1, Duration::from_secs(30 * time_scale()))
+        .unwrap_or_else(|| panic!("no READY=1 after the reload: {:?}", heard.all()));
+    let _ = validator.wait();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "slotprof run exited with {status}: {said}");
+    heard
+        .wait_for("STOPPING=1", 0, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no STOPPING=1: {:?}", heard.all()));
+    let pings = heard.all().iter().filter(|m| m.as_str() == "WATCHDOG=1").count();
+    // 25 slots of 400 ms and more at one ping per 0.5 s.
+    assert!(pings >= 10, "{pings} watchdog pings: {:?}", heard.all());
+    let slots = std::fs::read_dir(export.join("slots")).map_or(0, |d| d.count());
+    assert!(
+        slots >= 10,
+        "{slots} slots exported under the unit's capabilities"
+    );
+    assert!(!said.contains("did not attach"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -148,8 +148,20 @@ async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
     Ok(Prepared { config, listener })
 }
 
+/// [`prepare`] for a SIGHUP, with systemd told that a reload began.
+async fn reload(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
+    crate::sd_notify::notify(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}",
+        crate::sd_notify::monotonic_usec()
+    ));
+    prepare(o, running).await
+}
+
 fn refused(e: &anyhow::Error) {
     eprintln!("slotprof: error: the new configuration is refused, the running one stays: {e:#}");
+    crate::sd_notify::notify(
+        "READY=1\nSTATUS=the new configuration was refused; the running one stays (see the log)",
+    );
 }
 
 struct Signals {
@@ -157,6 +169,8 @@ struct Signals {
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
     deadline: Option<tokio::time::Instant>,
+    /// systemd's watchdog, pinged by the loops that wait on these.
+    watchdog: crate::sd_notify::Watchdog,
 }
 
 impl Signals {
@@ -188,6 +202,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         int: tokio::signal::unix::signal(SignalKind::interrupt())?,
         hup: tokio::signal::unix::signal(SignalKind::hangup())?,
         deadline: o.duration.map(|d| tokio::time::Instant::now() + d),
+        watchdog: crate::sd_notify::Watchdog::from_env(),
     };
     let mut lost_before = HashMap::new();
     let mut waiting_said = false;
@@ -234,8 +249,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 }
                 if !waiting_said {
                     eprintln!("slotprof: {why}; waiting for it (checked every second)");
+                    crate::sd_notify::notify(&format!("READY=1\nSTATUS=waiting for the target: {why}"));
                     waiting_said = true;
                 }
+                signals.watchdog.ping();
                 tokio::select! {
                     e = signals.next() => e,
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
@@ -253,7 +270,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 }
                 eprintln!("slotprof: the target exited; waiting for it to start again");
             }
-            End::Hup => match prepare(&o, &config).await {
+            End::Hup => match reload(&o, &config).await {
                 Ok(new) => {
                     if let Some(listener) = new.listener {
                         server.abort();
@@ -262,6 +279,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     exporter.reconfigure(&new.config);
                     previous = Some(std::mem::replace(&mut config, new.config));
                     eprintln!("slotprof: configuration reloaded from {}", o.config.display());
+                    crate::sd_notify::notify("READY=1");
                 }
                 Err(e) => refused(&e),
             },
@@ -280,6 +298,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             }
         }
     }
+    crate::sd_notify::notify("STOPPING=1");
     server.abort();
     eprintln!(
         "slotprof: stopped; export in {} ({:.1} MiB)",
@@ -650,6 +669,12 @@ async fn follow(
     }
     // Attached until this function returns, however it returns.
     let _attached = Attached(snapshot.clone());
+    crate::sd_notify::notify(&format!(
+        "READY=1\nSTATUS=profiling {} (pid {}); export in {}",
+        target.comm,
+        target.pid,
+        config.export_dir.display()
+    ));
     let mut sym = crate::session::symbolizer_for(target.pid)?;
     let mut maps_errors = crate::session::MapsErrors::default();
     let mut phase = config.phase_probe.as_ref().map(|c| {
@@ -697,7 +722,7 @@ async fn follow(
                 None => anyhow::bail!("the ring buffer's reader thread ended"),
             },
             e = signals.next() => match e {
-                End::Hup => match prepare(o, &chunk.config).await {
+                End::Hup => match reload(o, &chunk.config).await {
                     Ok(new) if needs_reattach(&chunk.config, &new.config) => break End::Reload(Box::new(new)),
                     Ok(new) => {
                         let new = new.config;
@@ -705,6 +730,7 @@ async fn follow(
                         chunk.detector_config = detector_config(&new);
                         chunk.config = new;
                         eprintln!("slotprof: configuration reloaded from {} (applied in place)", o.config.display());
+                        crate::sd_notify::notify("READY=1");
                     }
                     Err(e) => refused(&e),
                 },
@@ -715,6 +741,7 @@ async fn follow(
                 // re-read, the drain and the slots' processing alike).
                 let began = std::time::Instant::now();
                 ticks += 1;
+                signals.watchdog.ping();
                 // Twice a second: whether the target lives (a /proc read)
                 // and the kernel's loss counters (a map read per CPU); at
                 // 20 ticks a second these were ~5% of slotprof's own CPU.

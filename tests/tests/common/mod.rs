@@ -480,9 +480,24 @@ impl Drop for Daemon {
 
 impl Daemon {
     pub fn start(config: &Path, dir: &Path) -> Self {
+        Self::start_with(config, dir, &[], &[])
+    }
+
+    /// [`Daemon::start`] under `wrapper` (a command that runs the rest of
+    /// its arguments, e.g. setpriv), with `env` added.
+    pub fn start_with(config: &Path, dir: &Path, wrapper: &[&str], env: &[(&str, &str)]) -> Self {
         let stderr = dir.join("slotprof-run.stderr");
-        let child = Command::new(slotprof())
-            .args(["run", "--config", config.to_str().unwrap()])
+        let slotprof = slotprof();
+        let mut argv: Vec<&str> = wrapper.to_vec();
+        argv.extend([
+            slotprof.to_str().unwrap(),
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        let child = Command::new(argv[0])
+            .args(&argv[1..])
+            .envs(env.iter().copied())
             .stderr(std::fs::File::create(&stderr).expect("create the daemon's stderr file"))
             .spawn()
             .expect("start slotprof run");
