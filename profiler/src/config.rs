@@ -199,7 +199,8 @@ pub struct PhaseConfig {
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
+        // A configuration is a few KiB: 1 MiB is a file that is not one.
+        let text = crate::output::read_text_bounded(path, 1 << 20).with_context(|| {
             format!(
                 "cannot read the configuration {} (write a documented sample with `slotprof run --print-config > {}` and edit it)",
                 path.display(),
@@ -335,6 +336,17 @@ pub fn bytes(key: &str, text: &str) -> anyhow::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_or_a_huge_file_is_not_read_as_a_configuration() {
+        let e = format!("{:#}", Config::load(std::path::Path::new("/dev/zero")).unwrap_err());
+        assert!(e.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; (1 << 20) + 1]).unwrap();
+        let e = format!("{:#}", Config::load(&big).unwrap_err());
+        assert!(e.contains("larger than"), "{e}");
+    }
 
     #[test]
     fn the_shipped_sample_parses_to_the_defaults() {

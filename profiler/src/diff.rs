@@ -14,7 +14,7 @@ pub fn load(input: &Path, offcpu: bool) -> anyhow::Result<(PathBuf, Folded)> {
     } else {
         input.to_path_buf()
     };
-    let text = read_bounded(&path).with_context(|| {
+    let text = crate::output::read_text_bounded(&path, MAX_FOLDED_BYTES).with_context(|| {
         format!(
             "cannot read {}: give a slot, window or session directory (e.g. OUT/slots/1234) or a .folded file",
             path.display()
@@ -27,25 +27,6 @@ pub fn load(input: &Path, offcpu: bool) -> anyhow::Result<(PathBuf, Folded)> {
 
 /// The largest folded file read (a day of a validator's stacks is tens of MB).
 const MAX_FOLDED_BYTES: u64 = 1 << 30;
-
-/// A regular file's text, at most [`MAX_FOLDED_BYTES`] (not a device or a
-/// pipe that never ends).
-fn read_bounded(path: &Path) -> anyhow::Result<String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        anyhow::bail!("not a regular file");
-    }
-    let mut text = String::new();
-    f.take(MAX_FOLDED_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_FOLDED_BYTES {
-        anyhow::bail!(
-            "larger than {} GiB: not a profile slotprof wrote",
-            MAX_FOLDED_BYTES >> 30
-        );
-    }
-    Ok(text)
-}
 
 /// Writes the differential SVG of `before` -> `after` to `out`.
 pub fn run(before: &Path, after: &Path, offcpu: bool, normalize: bool, out: &Path) -> anyhow::Result<String> {

@@ -6,6 +6,23 @@ use anyhow::Context;
 
 /// Writes `bytes` to `path` through a temporary file in the same directory
 /// and a rename, so the file is either the old one or the whole new one.
+/// A regular file's text, at most `max` bytes: not a device, a FIFO or a
+/// file that never ends (`/dev/zero`), and not more than the caller can
+/// have meant.
+pub fn read_text_bounded(path: &Path, max: u64) -> anyhow::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        anyhow::bail!("not a regular file");
+    }
+    let mut text = String::new();
+    f.take(max + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        anyhow::bail!("larger than {max} bytes: not a file slotprof reads");
+    }
+    Ok(text)
+}
+
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     write_atomic_with(path, |w| w.write_all(bytes))
 }
