@@ -339,7 +339,10 @@ mod tests {
 
     #[test]
     fn a_device_or_a_huge_file_is_not_read_as_a_configuration() {
-        let e = format!("{:#}", Config::load(std::path::Path::new("/dev/zero")).unwrap_err());
+        let e = format!(
+            "{:#}",
+            Config::load(std::path::Path::new("/dev/zero")).unwrap_err()
+        );
         assert!(e.contains("not a regular file"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("big.toml");

@@ -7,9 +7,11 @@
 //!   as the table writes a test, runs only that test executable).
 //! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
+//! - `cargo xtask fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing (10 min a target).
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
 
 mod bench;
+mod fuzz;
 mod outcomes;
 mod setup;
 mod test_vm;
@@ -39,12 +41,13 @@ fn main() -> ExitCode {
         Some("validator") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| validator::run(&root(), &args[1..])),
+        Some("fuzz") => fuzz::run(&root(), &args[1..]),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]>"
+                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]>"
             );
             return ExitCode::from(2);
         }
@@ -256,6 +259,8 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
             }
             return Ok(());
         }
+        // Each fuzz target for a minute (the long runs: `cargo xtask fuzz`).
+        rows.extend(fuzz::smoke(root));
         // The detector e2e tests again, in QEMU on Debian's kernels.
         let kernels: Vec<String> = test_vm::DEFAULT_KERNELS
             .iter()

@@ -98,6 +98,64 @@ struct Reply<T> {
     error: Option<Value>,
 }
 
+/// A JSON-RPC answer's `result` (`None` when null), or why there is none:
+/// an error answer, or one of the wrong shape (quoted in at most a few
+/// hundred bytes).
+pub fn decode_answer<T: DeserializeOwned>(method: &str, body: &[u8]) -> anyhow::Result<Option<T>> {
+    let reply: Reply<T> = serde_json::from_slice(body)
+        .map_err(|e| anyhow!("{method}: an answer of the wrong shape ({e}): {}", quote(body)))?;
+    if let Some(e) = reply.error {
+        bail!("{method}: error {}", quote(e.to_string().as_bytes()));
+    }
+    Ok(reply.result)
+}
+
+/// The slot of a websocket message: `Some` for a slot notification,
+/// `None` for any other message (the subscription's confirmation).
+pub fn notification_slot(text: &str) -> anyhow::Result<Option<u64>> {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        bail!(
+            "slotSubscribe: a message that is not JSON: {}",
+            quote(text.as_bytes())
+        );
+    };
+    if v.get("method").and_then(Value::as_str) != Some("slotNotification") {
+        return Ok(None);
+    }
+    v["params"]["result"]["slot"]
+        .as_u64()
+        .map(Some)
+        .ok_or_else(|| anyhow!("slotNotification without a slot: {}", quote(text.as_bytes())))
+}
+
+/// This node's leader schedule for the epoch `getEpochInfo` describes,
+/// from `getLeaderSchedule`'s answer (`None`: no schedule for it).
+pub fn schedule_from(
+    info: &Value,
+    schedule: Option<HashMap<String, Vec<u64>>>,
+    identity: &str,
+) -> anyhow::Result<EpochSchedule> {
+    let absolute = u64_field(info, "absoluteSlot", "getEpochInfo")?;
+    let index = u64_field(info, "slotIndex", "getEpochInfo")?;
+    let slots_in_epoch = u64_field(info, "slotsInEpoch", "getEpochInfo")?;
+    let first_slot = absolute
+        .checked_sub(index)
+        .ok_or_else(|| anyhow!("getEpochInfo: slotIndex > absoluteSlot"))?;
+    if index >= slots_in_epoch || first_slot.checked_add(slots_in_epoch).is_none() {
+        bail!("getEpochInfo: slot {absolute} is not in an epoch of {slots_in_epoch} slots from {first_slot}");
+    }
+    // No entry: not a leader this epoch (or no schedule yet).
+    let indices = schedule.and_then(|mut s| s.remove(identity)).unwrap_or_default();
+    if indices.iter().any(|&i| i >= slots_in_epoch) {
+        bail!("getLeaderSchedule: a slot index past the epoch's {slots_in_epoch} slots");
+    }
+    Ok(EpochSchedule {
+        first_slot,
+        slots_in_epoch,
+        leader_runs: super::leader_runs(indices.into_iter().map(|i| first_slot + i).collect()),
+    })
+}
+
 /// The JSON-RPC client: one kept-alive connection (hyper's pool), every
 /// call bounded in time and in answer size.
 pub struct Rpc {
@@ -155,12 +213,7 @@ impl Rpc {
         if !status.is_success() {
             bail!("{method}: HTTP {status}: {}", quote(&body));
         }
-        let reply: Reply<T> = serde_json::from_slice(&body)
-            .map_err(|e| anyhow!("{method}: an answer of the wrong shape ({e}): {}", quote(&body)))?;
-        if let Some(e) = reply.error {
-            bail!("{method}: error {}", quote(e.to_string().as_bytes()));
-        }
-        Ok(reply.result)
+        decode_answer(method, &body)
     }
 
     /// One call whose result must be there.
@@ -184,11 +237,6 @@ fn u64_field(v: &Value, field: &str, method: &str) -> anyhow::Result<u64> {
 async fn fetch_schedule(rpc: &Rpc, identity: &str) -> anyhow::Result<EpochSchedule> {
     let info: Value = rpc.call("getEpochInfo", json!([])).await?;
     let absolute = u64_field(&info, "absoluteSlot", "getEpochInfo")?;
-    let index = u64_field(&info, "slotIndex", "getEpochInfo")?;
-    let slots_in_epoch = u64_field(&info, "slotsInEpoch", "getEpochInfo")?;
-    let first_slot = absolute
-        .checked_sub(index)
-        .ok_or_else(|| anyhow!("getEpochInfo: slotIndex > absoluteSlot"))?;
     // Only this identity's entry is asked for; read straight into numbers
     // (a one-node cluster leads all 432,000 slots of an epoch).
     let schedule: Option<HashMap<String, Vec<u64>>> = rpc
@@ -198,16 +246,7 @@ async fn fetch_schedule(rpc: &Rpc, identity: &str) -> anyhow::Result<EpochSchedu
             SCHEDULE_ANSWER,
         )
         .await?;
-    // No entry: not a leader this epoch (or no schedule yet).
-    let indices = schedule.and_then(|mut s| s.remove(identity)).unwrap_or_default();
-    if indices.iter().any(|&i| i >= slots_in_epoch) {
-        bail!("getLeaderSchedule: a slot index past the epoch's {slots_in_epoch} slots");
-    }
-    Ok(EpochSchedule {
-        first_slot,
-        slots_in_epoch,
-        leader_runs: super::leader_runs(indices.into_iter().map(|i| first_slot + i).collect()),
-    })
+    schedule_from(&info, schedule, identity)
 }
 
 /// Records a slot start; fetches the next epoch's schedule when it begins.
@@ -282,18 +321,9 @@ async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyh
                     Ok(Some(msg)) => msg?,
                 };
                 let Ok(text) = msg.to_text() else { continue };
-                let Ok(v) = serde_json::from_str::<Value>(text) else {
-                    bail!(
-                        "slotSubscribe: a message that is not JSON: {}",
-                        quote(text.as_bytes())
-                    );
-                };
-                if v.get("method").and_then(Value::as_str) != Some("slotNotification") {
+                let Some(slot) = notification_slot(text)? else {
                     continue;
-                }
-                let slot = v["params"]["result"]["slot"]
-                    .as_u64()
-                    .ok_or_else(|| anyhow!("slotNotification without a slot: {}", quote(text.as_bytes())))?;
+                };
                 saw_slot(rpc, &identity, log, slot).await?;
                 *got_slots = true;
                 log.lock().unwrap().healthy = true;
