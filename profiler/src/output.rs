@@ -175,6 +175,29 @@ mod tests {
         assert!(err.contains("--out"), "{err}");
     }
 
+    /// Issue 18's first case: root writing through a symbolic link a local
+    /// user planted. The old temporary name (`.NAME.tmp.PID`) and the
+    /// output's own name both point at a victim file: the victim stays as
+    /// it was, the output is a regular file of its own.
+    #[test]
+    fn a_planted_symlink_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "secret").unwrap();
+        let out = dir.path().join("a.txt");
+        let old_temp = dir.path().join(format!(".a.txt.tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &old_temp).unwrap();
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        write_atomic(&out, b"new").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert!(std::fs::symlink_metadata(&out).unwrap().file_type().is_file());
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        let planted = dir.path().join("b.txt");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert!(write_new(&planted, b"new").is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+
     #[test]
     fn replaces_whole_and_leaves_no_temp() {
         let dir = std::env::temp_dir().join(format!("slotprof-out-{}", std::process::id()));
