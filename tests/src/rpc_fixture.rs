@@ -29,9 +29,21 @@ pub struct ChainConfig {
     pub leader: (u64, u64),
 }
 
+/// A way for the fixture's HTTP answers to go wrong (the fault soak).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fault {
+    #[default]
+    None,
+    /// Every result is the string "123".
+    WrongTypes,
+    /// Every answer announces 50 MB and sends it while the client reads.
+    Huge,
+}
+
 /// The running fixture; dropping it (or [`RpcFixture::stop`]) closes every
 /// socket.
 pub struct RpcFixture {
+    fault: Arc<Mutex<Fault>>,
     slot: Arc<Mutex<u64>>,
     slots: broadcast::Sender<u64>,
     stop: Option<oneshot::Sender<()>>,
@@ -46,9 +58,10 @@ impl RpcFixture {
         http.set_nonblocking(true)?;
         ws.set_nonblocking(true)?;
         let slot = Arc::new(Mutex::new(first_slot));
+        let fault = Arc::new(Mutex::new(Fault::None));
         let (slots, _) = broadcast::channel(64);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let (s2, tx2) = (slot.clone(), slots.clone());
+        let (s2, tx2, f2) = (slot.clone(), slots.clone(), fault.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -58,7 +71,7 @@ impl RpcFixture {
                 let http = TcpListener::from_std(http).unwrap();
                 let ws = TcpListener::from_std(ws).unwrap();
                 tokio::select! {
-                    _ = serve_http(http, chain, s2) => {}
+                    _ = serve_http(http, chain, s2, f2) => {}
                     _ = serve_ws(ws, tx2) => {}
                     _ = stop_rx => {}
                 }
@@ -66,6 +79,7 @@ impl RpcFixture {
             // Dropping the runtime cancels every connection task.
         });
         Ok(Self {
+            fault,
             slot,
             slots,
             stop: Some(stop_tx),
@@ -78,6 +92,11 @@ impl RpcFixture {
     pub fn set_slot(&self, slot: u64) {
         *self.slot.lock().unwrap() = slot;
         let _ = self.slots.send(slot);
+    }
+
+    /// How the HTTP answers go wrong from now on.
+    pub fn set_fault(&self, fault: Fault) {
+        *self.fault.lock().unwrap() = fault;
     }
 
     /// Stops answering: listeners and connections close.
@@ -97,16 +116,27 @@ impl Drop for RpcFixture {
     }
 }
 
-async fn serve_http(listener: TcpListener, chain: ChainConfig, slot: Arc<Mutex<u64>>) {
+async fn serve_http(
+    listener: TcpListener,
+    chain: ChainConfig,
+    slot: Arc<Mutex<u64>>,
+    fault: Arc<Mutex<Fault>>,
+) {
     while let Ok((stream, _)) = listener.accept().await {
-        let (chain, slot) = (chain.clone(), slot.clone());
+        let (chain, slot, fault) = (chain.clone(), slot.clone(), fault.clone());
         tokio::spawn(async move {
-            let _ = handle_http(stream, &chain, &slot).await;
+            let fault = *fault.lock().unwrap();
+            let _ = handle_http(stream, &chain, &slot, fault).await;
         });
     }
 }
 
-async fn handle_http(mut stream: TcpStream, chain: &ChainConfig, slot: &Mutex<u64>) -> std::io::Result<()> {
+async fn handle_http(
+    mut stream: TcpStream,
+    chain: &ChainConfig,
+    slot: &Mutex<u64>,
+    fault: Fault,
+) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let body_start = loop {
@@ -137,7 +167,19 @@ async fn handle_http(mut stream: TcpStream, chain: &ChainConfig, slot: &Mutex<u6
         Ok(req) => answer(&req, chain, *slot.lock().unwrap()),
         Err(_) => json!({"jsonrpc": "2.0", "error": {"code": -32700, "message": "Parse error"}, "id": null}),
     };
-    let text = reply.to_string();
+    let text = match fault {
+        Fault::None => reply.to_string(),
+        Fault::WrongTypes => json!({"jsonrpc": "2.0", "result": "123", "id": 1}).to_string(),
+        Fault::Huge => {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 50000000\r\nConnection: close\r\n\r\n";
+            stream.write_all(head.as_bytes()).await?;
+            let piece = vec![b' '; 1 << 20];
+            for _ in 0..48 {
+                stream.write_all(&piece).await?;
+            }
+            return stream.shutdown().await;
+        }
+    };
     let resp = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
         text.len()

@@ -267,7 +267,7 @@ fn commit(root: &Path) -> String {
 }
 
 /// A section with the commit it was measured at under its heading.
-fn stamped(root: &Path, section: String) -> String {
+pub(crate) fn stamped(root: &Path, section: String) -> String {
     match section.split_once('\n') {
         Some((heading, rest)) => format!("{heading}\n\nMeasured at {}.\n{rest}", commit(root)),
         None => section,
@@ -276,7 +276,7 @@ fn stamped(root: &Path, section: String) -> String {
 
 /// `md` with the section under `heading` replaced by `section` (inserted
 /// before "## Reproduce" when it is not there yet).
-fn splice(md: &str, heading: &str, section: &str) -> String {
+pub(crate) fn splice(md: &str, heading: &str, section: &str) -> String {
     match md.find(heading) {
         Some(i) => {
             let rest = &md[i + heading.len()..];
@@ -353,9 +353,16 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     md.push_str(&stamped(root, run_section(root, &scratch)?));
     md.push_str(&stamped(root, validator_section(root, &scratch)?));
     let _ = std::fs::remove_dir_all(&scratch);
+    // The fault soak's section is written by `cargo xtask soak`: kept.
+    let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();
+    if let Some(i) = old.find(crate::soak::HEADING) {
+        let rest = &old[i..];
+        let end = rest[3..].find("\n## ").map_or(rest.len(), |j| j + 4);
+        md.push_str(&rest[..end]);
+    }
     let _ = writeln!(
         md,
-        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, phase, host, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\n```\n"
+        "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, phase, host, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\nsudo cargo xtask soak --minutes 60      # the fault soak (its own section)\n```\n"
     );
     let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;

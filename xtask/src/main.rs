@@ -8,12 +8,14 @@
 //! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 //! - `cargo xtask fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing (10 min a target).
+//! - `cargo xtask soak [--minutes N]`: `slotprof run` under random faults; BENCHMARKS.md.
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
 
 mod bench;
 mod fuzz;
 mod outcomes;
 mod setup;
+mod soak;
 mod test_vm;
 mod validator;
 
@@ -42,12 +44,15 @@ fn main() -> ExitCode {
             .and_then(|_| build(&root()))
             .and_then(|_| validator::run(&root(), &args[1..])),
         Some("fuzz") => fuzz::run(&root(), &args[1..]),
+        Some("soak") => setup::run(&root())
+            .and_then(|_| build(&root()))
+            .and_then(|_| soak::run(&root(), &args[1..])),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]>"
+                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]>"
             );
             return ExitCode::from(2);
         }

@@ -311,7 +311,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 async fn start_metrics(
     config: &Config,
     snapshot: &Arc<Mutex<Snapshot>>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<metrics::ServerThread> {
     serve_metrics(bind_metrics(config).await?, config, snapshot)
 }
 
@@ -331,13 +331,13 @@ fn serve_metrics(
     listener: tokio::net::TcpListener,
     config: &Config,
     snapshot: &Arc<Mutex<Snapshot>>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<metrics::ServerThread> {
     eprintln!("slotprof: metrics on http://{}/metrics", listener.local_addr()?);
-    Ok(tokio::spawn(metrics::serve(
+    Ok(metrics::ServerThread::spawn(
         listener,
         snapshot.clone(),
         config.export_dir.clone(),
-    )))
+    )?)
 }
 
 /// The process to profile: by pid, or the oldest process with this name
