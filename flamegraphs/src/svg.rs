@@ -47,6 +47,9 @@ pub fn render(folded: &Folded, opts: &SvgOptions) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The largest total either side of a differential flamegraph may have.
+pub const MAX_DIFF_TOTAL: u64 = 1 << 62;
+
 /// Renders a differential flamegraph: frame widths are `after`, colors show
 /// growth (red) or shrinkage (blue) from `before`. With `normalize`,
 /// `before` is scaled to `after`'s total first (profiles of different
@@ -57,6 +60,18 @@ pub fn render_diff(
     normalize: bool,
     opts: &SvgOptions,
 ) -> anyhow::Result<Vec<u8>> {
+    // inferno takes the difference of two counts as isize: past 2^63 a
+    // count wraps and the subtraction overflows (found by fuzzing
+    // `slotprof diff`). 2^62 ns is 146 years of one thread's off-CPU time:
+    // no profile a session or a day of slots holds.
+    for (which, f) in [("before", before), ("after", after)] {
+        if f.total() > MAX_DIFF_TOTAL {
+            anyhow::bail!(
+                "the {which} profile's counts add up to {}, more than a differential flamegraph can hold (2^62): not a profile slotprof wrote",
+                f.total()
+            );
+        }
+    }
     let mut diff = Vec::new();
     let dopts = inferno::differential::Options {
         normalize,
@@ -99,6 +114,21 @@ fn empty_svg(title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fuzzer's input: a count near 2^64 made inferno's difference of
+    /// two counts overflow (a panic with overflow checks, garbage without).
+    #[test]
+    fn a_diff_of_absurd_counts_is_an_error_not_a_panic() {
+        let mut before = Folded::new();
+        before.add(["main", "a"], 5);
+        let mut after = Folded::new();
+        after.add(["main", "a"], u64::MAX / 2);
+        let e = render_diff(&before, &after, true, &SvgOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("2^62"), "{e}");
+        after = Folded::new();
+        after.add(["main", "a"], MAX_DIFF_TOTAL);
+        assert!(render_diff(&before, &after, false, &SvgOptions::default()).is_ok());
+    }
 
     #[test]
     fn renders_frames_and_empty() {
