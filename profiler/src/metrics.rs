@@ -443,60 +443,19 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest file of the export served (slot files are ~1 MB).
 const MAX_FILE: u64 = 64 << 20;
 
-/// [`serve`] on a thread of its own, with its own runtime: /metrics answers
-/// while the session's loop is busy (loading the probes when the target
-/// restarts takes seconds; a slot's export, tens of milliseconds). Stops
-/// when aborted or dropped.
-pub struct ServerThread {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ServerThread {
-    pub fn spawn(
-        listener: TcpListener,
-        state: Arc<Mutex<Snapshot>>,
-        export_dir: PathBuf,
-    ) -> std::io::Result<Self> {
-        let listener = listener.into_std()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name("slotprof-http".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let Ok(listener) = TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = serve(listener, state, export_dir) => {}
-                        _ = stopped => {}
-                    }
-                });
-            })?;
-        Ok(Self {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops serving (the listener closes) and waits for the thread.
-    pub fn abort(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+/// [`serve`] on a thread of its own ([`crate::background`]): /metrics
+/// answers while the session's loop is busy.
+pub fn serve_in_background(
+    listener: TcpListener,
+    state: Arc<Mutex<Snapshot>>,
+    export_dir: PathBuf,
+) -> std::io::Result<crate::background::Background> {
+    let listener = listener.into_std()?;
+    crate::background::Background::spawn("slotprof-http", move || async move {
+        if let Ok(listener) = TcpListener::from_std(listener) {
+            serve(listener, state, export_dir).await;
         }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for ServerThread {
-    fn drop(&mut self) {
-        self.abort();
-    }
+    })
 }
 
 /// Serves /metrics, / and the export's files (under `export_dir`) until the

@@ -90,7 +90,7 @@ pub async fn run(
     let slot_log = SharedSlotLog::default();
     let mut source_task = match &opts.slot_source {
         Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
-            Some(rpc::FollowThread::spawn(ep.clone(), slot_log.clone())?)
+            Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
         }
         _ => None,
     };
@@ -612,7 +612,10 @@ pub async fn run(
                 }
                 attempt(opts.out.join("index.html"), Ok(()));
             }
-            Err(e) => attempt(opts.out.join("slots/"), Err(e)),
+            Err(e) => attempt(
+                opts.out.join("slots/"),
+                Err(e.context("the per-slot outputs stopped at this write; the slots before it are there")),
+            ),
         }
     }
     let trace_path = opts.out.join("trace.json");

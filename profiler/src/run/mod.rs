@@ -311,7 +311,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 async fn start_metrics(
     config: &Config,
     snapshot: &Arc<Mutex<Snapshot>>,
-) -> anyhow::Result<metrics::ServerThread> {
+) -> anyhow::Result<crate::background::Background> {
     serve_metrics(bind_metrics(config).await?, config, snapshot)
 }
 
@@ -331,9 +331,9 @@ fn serve_metrics(
     listener: tokio::net::TcpListener,
     config: &Config,
     snapshot: &Arc<Mutex<Snapshot>>,
-) -> anyhow::Result<metrics::ServerThread> {
+) -> anyhow::Result<crate::background::Background> {
     eprintln!("slotprof: metrics on http://{}/metrics", listener.local_addr()?);
-    Ok(metrics::ServerThread::spawn(
+    Ok(metrics::serve_in_background(
         listener,
         snapshot.clone(),
         config.export_dir.clone(),
@@ -607,7 +607,7 @@ async fn follow(
     let slot_log = SharedSlotLog::default();
     let source_task = match &slot_source {
         SlotSourceSpec::Rpc(ep) | SlotSourceSpec::Uprobe { rpc: Some(ep), .. } => {
-            Some(rpc::FollowThread::spawn(ep.clone(), slot_log.clone())?)
+            Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
         }
         _ => None,
     };

@@ -411,54 +411,15 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
     }
 }
 
-/// [`follow`] on a thread of its own, with its own runtime: a slot start
-/// is stamped when its notification arrives, not when the session's loop
-/// is next free (a heavy slot's symbolizing and export on that loop
-/// delayed the next boundary's timestamp by as long). Stops when aborted
-/// or dropped.
-pub struct FollowThread {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FollowThread {
-    pub fn spawn(ep: RpcEndpoint, log: SharedSlotLog) -> std::io::Result<Self> {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name("slotprof-slots".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    tokio::select! {
-                        _ = follow(ep, log) => {}
-                        _ = stopped => {}
-                    }
-                });
-            })?;
-        Ok(Self {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops following and waits for the thread (a call in flight is
-    /// dropped at once).
-    pub fn abort(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for FollowThread {
-    fn drop(&mut self) {
-        self.abort();
-    }
+/// [`follow`] on a thread of its own ([`crate::background`]): a slot
+/// start is stamped when its notification arrives, not when the session's
+/// loop is next free (a heavy slot's symbolizing and export on that loop
+/// delayed the next boundary's timestamp by as long).
+pub fn follow_in_background(
+    ep: RpcEndpoint,
+    log: SharedSlotLog,
+) -> std::io::Result<crate::background::Background> {
+    crate::background::Background::spawn("slotprof-slots", move || follow(ep, log))
 }
 
 #[cfg(test)]
