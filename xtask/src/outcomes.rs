@@ -360,12 +360,13 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// The end-to-end tests (package `slotprof-tests` and the test VMs) as a
+/// The end-to-end tests (package `slotprof-tests`, the fuzz targets and
+/// the test VMs) as a
 /// table, unit tests as one line per package, then the closing line
 /// `N passed, N failed, N skipped` (and `, N flaky` when some were).
 /// Returns the number of failures.
 pub fn print_summary(rows: &[Row]) -> usize {
-    let e2e = |r: &Row| r.package == "slotprof-tests" || r.place != "host";
+    let e2e = |r: &Row| r.package == "slotprof-tests" || r.package == "slotprof-fuzz" || r.place != "host";
     println!("\nEnd-to-end tests:");
     println!("{:<6} {:<92} {:<11} note", "where", "test", "result");
     for r in rows.iter().filter(|r| e2e(r)) {
