@@ -703,13 +703,7 @@ mod ledger_tests {
         ))
         .unwrap();
         let mut e = Exporter::open(&config).unwrap();
-        let meta = ProfileMeta {
-            time_nanos: 0,
-            duration_nanos: 0,
-            period_type: None,
-            period: 1,
-            comments: vec![],
-        };
+        let meta = plain_meta();
         for n in 0..40u64 {
             let mut p = empty_profiles();
             for k in 0..200 {
@@ -734,6 +728,17 @@ mod ledger_tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Profile metadata with nothing in it.
+    fn plain_meta() -> ProfileMeta {
+        ProfileMeta {
+            time_nanos: 0,
+            duration_nanos: 0,
+            period_type: None,
+            period: 1,
+            comments: vec![],
+        }
+    }
+
     /// An exporter into `dir` with `export.full = full`, no hourly
     /// profiles, and plain profile metadata.
     fn exporter_in(dir: &Path, full: &str) -> (Exporter, ProfileMeta) {
@@ -742,13 +747,7 @@ mod ledger_tests {
             dir.display()
         ))
         .unwrap();
-        let meta = ProfileMeta {
-            time_nanos: 0,
-            duration_nanos: 0,
-            period_type: None,
-            period: 1,
-            comments: vec![],
-        };
+        let meta = plain_meta();
         (Exporter::open(&config).unwrap(), meta)
     }
 

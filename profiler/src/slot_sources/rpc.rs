@@ -471,6 +471,18 @@ mod tests {
         requests: Arc<Mutex<Vec<(String, String)>>>,
     }
 
+    impl Fake {
+        /// Requests of `method` so far.
+        fn calls(&self, method: &str) -> usize {
+            self.requests
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, m)| m == method)
+                .count()
+        }
+    }
+
     async fn fake(answer: impl Fn(&str) -> String + Send + Sync + 'static) -> Fake {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -647,13 +659,7 @@ mod tests {
             said[0]
         );
         assert!(!l.healthy);
-        let polls = f
-            .requests
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, m)| m == "getSlot")
-            .count();
+        let polls = f.calls("getSlot");
         // Backoff 100, 200, 400, 800, 1600 ms: 5 or 6 tries in 3.5 s
         // (every 100 ms would be 35).
         assert!((3..=7).contains(&polls), "{polls} getSlot calls in 3.5 s");
@@ -667,13 +673,7 @@ mod tests {
         let log = shared_log();
         let ep = RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap();
         let _ = tokio::time::timeout(Duration::from_millis(1500), follow(ep, log.clone())).await;
-        let polls = f
-            .requests
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, m)| m == "getSlot")
-            .count();
+        let polls = f.calls("getSlot");
         assert!(
             (10..=1500 / 20 + 2).contains(&polls),
             "{polls} getSlot calls in 1.5 s"
