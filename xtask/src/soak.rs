@@ -67,9 +67,17 @@ fn verdicts(r: &serde_json::Value) -> Vec<(&'static str, bool, String)> {
             format!("died: {}, exit: {}", r["died"], r["exit"].as_str().unwrap_or("?")),
         ),
         (
-            "/metrics answered every 2 s sample",
-            r["metrics_misses"].as_u64() == Some(0),
-            format!("{} samples unanswered", r["metrics_misses"]),
+            "/metrics answered every 2 s sample (but while 1,100 idle connections hold its 32)",
+            misses_outside_idle(r).is_empty(),
+            {
+                let all = r["metrics_misses"].as_array().map_or(0, Vec::len);
+                let outside = misses_outside_idle(r);
+                format!(
+                    "{all} samples unanswered, {} of them outside an idle-connection fault{}",
+                    outside.len(),
+                    if outside.is_empty() { String::new() } else { format!(" (at {outside:?} s)") }
+                )
+            },
         ),
         ("RSS stays under 64 MiB", rss_mib < 64.0, format!("peak {rss_mib:.1} MiB")),
         (
@@ -94,6 +102,31 @@ fn verdicts(r: &serde_json::Value) -> Vec<(&'static str, bool, String)> {
             format!("{accounted:.0} vs {:.0} lines", f("summary_lines_on_disk")),
         ),
     ]
+}
+
+/// The seconds at which /metrics did not answer, outside the stretches
+/// when 1,100 idle connections were open (they hold the 32 connections
+/// the server serves at once until its 3 s head timeout turns them over:
+/// a scrape then waits its turn, by design).
+fn misses_outside_idle(r: &serde_json::Value) -> Vec<u64> {
+    let faults: Vec<(f64, &str)> = r["faults"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| (f[0].as_f64().unwrap_or(0.0), f[1].as_str().unwrap_or("")))
+        .collect();
+    r["metrics_misses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_u64())
+        .filter(|&t| {
+            // The fault in force at t: the last one begun before it.
+            let during = faults.iter().rev().find(|(at, _)| *at <= t as f64);
+            // 10 s held, up to ~15 s more while the backlog drains.
+            !during.is_some_and(|(at, k)| *k == "idle_connections" && (t as f64) < at + 25.0)
+        })
+        .collect()
 }
 
 fn section(r: &serde_json::Value, minutes: u64, seed: u64) -> String {

@@ -1084,9 +1084,11 @@ impl Chunk<'_> {
             match how {
                 export::Exported::Full => s.slots_exported += 1,
                 export::Exported::Summary => s.slots_summarised += 1,
-                export::Exported::Skipped => s.slots_skipped += 1,
-                export::Exported::Failed => s.slots_failed += 1,
+                // Counted by the exporter, which knows why.
+                export::Exported::Skipped | export::Exported::Failed => {}
             }
+            s.slots_skipped = self.exporter.skipped_low_space;
+            s.slots_failed = self.exporter.slots_failed;
             s.export_write_errors = self.exporter.write_errors;
             s.export_bytes = self.exporter.bytes();
         }

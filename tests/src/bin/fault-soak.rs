@@ -296,7 +296,7 @@ fn main() {
     let mut faults: Vec<(f64, &str)> = Vec::new();
     let mut rss_max = 0u64;
     let mut rss_series: Vec<(u64, u64)> = Vec::new();
-    let mut metrics_misses = 0u32;
+    let mut metrics_misses: Vec<u64> = Vec::new();
     let mut died: Option<String> = None;
     let mut last_sample = Instant::now() - Duration::from_secs(10);
     // Samples while waiting, and stops the soak if the daemon died.
@@ -304,7 +304,7 @@ fn main() {
                     daemon: &mut Child,
                     rss_max: &mut u64,
                     rss_series: &mut Vec<(u64, u64)>,
-                    metrics_misses: &mut u32,
+                    metrics_misses: &mut Vec<u64>,
                     died: &mut Option<String>| {
         let until = Instant::now() + d;
         while Instant::now() < until && died.is_none() {
@@ -321,7 +321,7 @@ fn main() {
                     rss_series.push((t, rss));
                 }
                 if http_get(metrics, "/metrics").is_none() {
-                    *metrics_misses += 1;
+                    metrics_misses.push(began.elapsed().as_secs());
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -474,7 +474,7 @@ fn main() {
     let faults_json: Vec<String> = faults.iter().map(|(t, k)| format!("[{t:.0},\"{k}\"]")).collect();
     let report = format!(
         "{{\"minutes\":{minutes},\"seed\":{seed},\"died\":{},\"exit\":\"{status}\",\"exit_ok\":{},\
-         \"rss_max_kib\":{rss_max},\"rss_series\":[{}],\"metrics_misses\":{metrics_misses},\
+         \"rss_max_kib\":{rss_max},\"rss_series\":[{}],\"metrics_misses\":[{}],\
          \"faults\":[{}],\"slots\":{{\"full\":{full},\"summary\":{summary},\"low_space\":{low_space},\
          \"write_failed\":{write_failed},\"accounted\":{accounted},\"expected_from_target_time\":{expected:.0},\
          \"slot_dirs_on_disk\":{slot_dirs},\"summary_lines_on_disk\":{lines}}},\
@@ -482,6 +482,7 @@ fn main() {
         died.as_deref().map_or("null".to_string(), |d| format!("\"{d}\"")),
         status.success(),
         rss_series.iter().map(|(t, r)| format!("[{t},{r}]")).collect::<Vec<_>>().join(","),
+        metrics_misses.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
         faults_json.join(","),
         metric(&last, "slotprof_export_write_errors_total"),
         last.lines()
