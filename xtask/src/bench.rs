@@ -231,7 +231,7 @@ const HOST_HEADING: &str = "## Host mode during compaction";
 
 /// Which commit a section was measured at: the short hash, and whether the
 /// work tree had changes on top of it.
-fn commit(root: &Path) -> String {
+pub(crate) fn commit(root: &Path) -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)

@@ -22,6 +22,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             _ => bail!("usage: cargo xtask soak [--minutes N (2 or more)] [--seed S]"),
         }
     }
+    // The commit measured is the one built now, not the one checked out
+    // when the soak ends an hour later.
+    let measured_at = crate::bench::commit(root);
     let scratch = crate::private_temp_dir("slotprof-soak-report")?;
     let report = scratch.join("soak.json");
     let status = Command::new(root.join("target/release/fault-soak"))
@@ -43,10 +46,11 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     print!("{section}");
     let path = root.join("BENCHMARKS.md");
     let md = std::fs::read_to_string(&path).unwrap_or_default();
-    std::fs::write(
-        &path,
-        crate::bench::splice(&md, HEADING, &crate::bench::stamped(root, section)),
-    )?;
+    let stamped = match section.split_once('\n') {
+        Some((heading, rest)) => format!("{heading}\n\nMeasured at {measured_at}.\n{rest}"),
+        None => section.clone(),
+    };
+    std::fs::write(&path, crate::bench::splice(&md, HEADING, &stamped))?;
     eprintln!("xtask: updated the fault soak section of BENCHMARKS.md");
     if !verdicts(&r).iter().all(|(_, ok, _)| *ok) {
         bail!("the soak failed a check (see the section above)");

@@ -297,6 +297,7 @@ fn main() {
     let mut rss_max = 0u64;
     let mut rss_series: Vec<(u64, u64)> = Vec::new();
     let mut metrics_misses: Vec<u64> = Vec::new();
+    let mut answered = false;
     let mut died: Option<String> = None;
     let mut last_sample = Instant::now() - Duration::from_secs(10);
     // Samples while waiting, and stops the soak if the daemon died.
@@ -305,6 +306,7 @@ fn main() {
                     rss_max: &mut u64,
                     rss_series: &mut Vec<(u64, u64)>,
                     metrics_misses: &mut Vec<u64>,
+                    answered: &mut bool,
                     died: &mut Option<String>| {
         let until = Instant::now() + d;
         while Instant::now() < until && died.is_none() {
@@ -320,8 +322,12 @@ fn main() {
                 if rss_series.last().is_none_or(|(s, _)| t >= s + 30) {
                     rss_series.push((t, rss));
                 }
-                if http_get(metrics, "/metrics").is_none() {
-                    metrics_misses.push(began.elapsed().as_secs());
+                // Counted once it has answered: at the very start the
+                // daemon has not bound its port yet.
+                match http_get(metrics, "/metrics") {
+                    Some(_) => *answered = true,
+                    None if *answered => metrics_misses.push(began.elapsed().as_secs()),
+                    None => {}
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -334,6 +340,7 @@ fn main() {
         &mut rss_max,
         &mut rss_series,
         &mut metrics_misses,
+        &mut answered,
         &mut died,
     );
     let kinds = [
@@ -357,6 +364,7 @@ fn main() {
                 &mut rss_max,
                 &mut rss_series,
                 &mut metrics_misses,
+                &mut answered,
                 &mut died,
             )
         };
