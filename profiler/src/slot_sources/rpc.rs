@@ -618,22 +618,21 @@ mod tests {
     async fn an_answer_of_the_wrong_type_is_said_in_a_few_hundred_bytes() {
         let pad = "x".repeat(20_000);
         let f = fake(move |_| format!(r#"{{"jsonrpc":"2.0","result":"123","pad":"{pad}","id":1}}"#)).await;
-        let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap());
-        let e = rpc
-            .call::<u64>("getSlot", json!([]))
-            .await
-            .unwrap_err()
-            .to_string();
+        let e = get_slot_error(&f).await;
         assert!(e.contains("wrong shape") && e.contains("invalid type"), "{e}");
         assert!(e.len() < 500, "{} bytes: {e}", e.len());
         let f = fake(|_| "HTTP/1.1 oops".repeat(10_000)).await;
+        let e = get_slot_error(&f).await;
+        assert!(e.len() < 500, "{} bytes: {e}", e.len());
+    }
+
+    /// The error a getSlot call to `f` ends in.
+    async fn get_slot_error(f: &Fake) -> String {
         let rpc = Rpc::new(RpcEndpoint::parse(&format!("http://{}", f.addr)).unwrap());
-        let e = rpc
-            .call::<u64>("getSlot", json!([]))
+        rpc.call::<u64>("getSlot", json!([]))
             .await
             .unwrap_err()
-            .to_string();
-        assert!(e.len() < 500, "{} bytes: {e}", e.len());
+            .to_string()
     }
 
     fn shared_log() -> SharedSlotLog {
