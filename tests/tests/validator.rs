@@ -619,7 +619,7 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
     let Some(_k) = kernel() else { return };
     let Some(node) = node() else { return };
     let pid = node.pid();
-    let (_out, stops, slots, gaps) = injected_gaps(
+    let (_out, stops, slots, gaps, witness) = injected_gaps(
         &node,
         "stop",
         "solBnkTxSched",
@@ -689,22 +689,38 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
         .filter(|(_, m)| !**m)
         .map(|(g, _)| g)
         .collect();
-    for g in &unmatched {
-        eprintln!("a gap no stop made: {}", g["explanation"]);
-    }
     // Precision: the scheduler thread, busy on a 2-vCPU machine, may wait
-    // 30 ms for a CPU now and then; more than one such gap in 30 s is not
-    // noise.
+    // 30 ms for a CPU now and then: such a gap is the node's own when the
+    // kernel's run_delay shows at least half of the wait; any other gap
+    // no stop made counts against slotprof.
+    let mut own = 0;
+    for g in &unmatched {
+        let claimed = g["magnitudes"]["runqueue_ms"].as_f64().unwrap_or(0.0);
+        let seen = witness.during(g);
+        let confirmed = g["cause"] == "waiting for a CPU" && seen.is_some_and(|ms| ms >= claimed / 2.0);
+        own += usize::from(confirmed);
+        eprintln!(
+            "a gap no stop made: {} (the kernel's run_delay over it: {seen:?} ms)",
+            g["explanation"]
+        );
+    }
+    row(
+        "SIGSTOP 50 ms",
+        "MainLoopGaps waiting for a CPU no stop made, seen by the kernel's run_delay",
+        &own.to_string(),
+        "listed (the node's own)",
+        true,
+    );
+    let false_ones = unmatched.len() - own;
     assert!(
         row(
             "SIGSTOP 50 ms",
-            "MainLoopGaps no stop made",
-            &unmatched.len().to_string(),
+            "other MainLoopGaps no stop made",
+            &false_ones.to_string(),
             "<= 1 in 30 s",
-            unmatched.len() <= 1
+            false_ones <= 1
         ),
-        "{} MainLoopGaps match no stop",
-        unmatched.len()
+        "{false_ones} MainLoopGaps match no stop"
     );
 }
 
@@ -724,8 +740,13 @@ fn injected_gaps(
     Vec<(u64, u64)>,
     BTreeMap<u64, serde_json::Value>,
     Vec<serde_json::Value>,
+    RunDelay,
 ) {
     let out = private_dir(what);
+    let tid = thread_named(node.pid(), loop_thread)
+        .unwrap_or_else(|| panic!("the node has no {loop_thread} thread"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let witness = RunDelay::watch(node.pid(), tid, stop.clone());
     let injector = std::thread::spawn(move || {
         prepare();
         // slotprof attaches in a few seconds.
@@ -755,10 +776,57 @@ fn injected_gaps(
         out.to_str().unwrap(),
     ]);
     let done = injector.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let witness = witness.join().unwrap();
     assert!(ok, "slotprof attach failed: {stderr}");
     let slots = slots_of(&out);
     let gaps = findings(&out, "MainLoopGap");
-    (out, done, slots, gaps)
+    (out, done, slots, gaps, witness)
+}
+
+/// The kernel's own count of the time a thread waited on a run queue
+/// (`/proc/PID/task/TID/schedstat`, second field: sched_info's
+/// run_delay, kept by the scheduler and independent of slotprof's
+/// probes), read every 2 ms: the witness that a gap slotprof calls
+/// "waiting for a CPU" was one.
+struct RunDelay {
+    /// (CLOCK_MONOTONIC ns, run_delay ns)
+    samples: Vec<(u64, u64)>,
+}
+
+impl RunDelay {
+    fn watch(pid: u32, tid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<RunDelay> {
+        let path = format!("/proc/{pid}/task/{tid}/schedstat");
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    break;
+                };
+                if let Some(delay) = text.split_whitespace().nth(1).and_then(|d| d.parse().ok()) {
+                    samples.push((monotonic_ns(), delay));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            RunDelay { samples }
+        })
+    }
+
+    /// The run-queue wait the kernel counted between the last reading at
+    /// or before `from` and the first at or after `to` plus 5 ms (the
+    /// count grows when the wait ends, as the thread gets its CPU), in ms;
+    /// None when the readings do not cover the window.
+    fn between(&self, from: u64, to: u64) -> Option<f64> {
+        let before = self.samples.iter().rev().find(|(t, _)| *t <= from)?;
+        let after = self.samples.iter().find(|(t, _)| *t >= to + 5_000_000)?;
+        Some(after.1.saturating_sub(before.1) as f64 / 1e6)
+    }
+
+    /// The same for a MainLoopGap finding's window.
+    fn during(&self, gap: &serde_json::Value) -> Option<f64> {
+        let start = gap["start_ns"].as_u64()?;
+        self.between(start, start + gap["duration_ns"].as_u64()?)
+    }
 }
 
 /// The tid of the node's thread named `comm`.
@@ -840,7 +908,7 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
             std::hint::spin_loop();
         }
     };
-    let (_out, bursts, slots, gaps) = injected_gaps(&node, "hog", "solPohTickProd", prepare, spin);
+    let (_out, bursts, slots, gaps, witness) = injected_gaps(&node, "hog", "solPohTickProd", prepare, spin);
     let mut matched = vec![false; gaps.len()];
     for (i, (from, to)) in bursts.iter().enumerate() {
         // The gap that covers most of the burst.
@@ -849,6 +917,18 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
             let end = start + g["duration_ns"].as_u64().unwrap();
             start.max(*from) + 30_000_000 <= end.min(*to)
         });
+        // The kernel's own count says the hog did make the PoH thread wait.
+        let seen = witness.between(*from, *to);
+        assert!(
+            row(
+                "CPU hog on the PoH core",
+                &format!("burst {i}: the kernel's run_delay of solPohTickProd"),
+                &seen.map_or("no readings".into(), |ms| format!("{ms:.1} ms")),
+                ">= 30 ms (the witness that the hog took the core)",
+                seen.is_some_and(|ms| ms >= 30.0)
+            ),
+            "hog burst {i}: the kernel counted {seen:?} ms of run-queue wait for the PoH thread"
+        );
         let Some(j) = hit else {
             panic!("hog burst {i} is no MainLoopGap of the PoH thread: {gaps:?}");
         };
@@ -902,33 +982,53 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
         .filter(|(_, m)| !**m)
         .map(|(g, _)| g)
         .collect();
-    for g in &unmatched {
+    // Precision. The PoH thread, pinned to one of two CPUs it shares with
+    // the node's other ~1.2 cores of work, also waits for a CPU on its own
+    // now and then (28 ms at a time, seen here), and has long futex waits
+    // of its own (50-60 ms, 1 run in 5): real gaps of the node, listed. A
+    // gap said to be waiting for a CPU that no burst made and that the
+    // kernel's run_delay does not show (at least half of it) is a false
+    // one.
+    let (cpu_waits, other): (Vec<&&serde_json::Value>, Vec<_>) =
+        unmatched.iter().partition(|g| g["cause"] == "waiting for a CPU");
+    let mut unseen = 0;
+    for g in &cpu_waits {
+        let claimed = g["magnitudes"]["runqueue_ms"].as_f64().unwrap_or(0.0);
+        let seen = witness.during(g);
+        let confirmed = seen.is_some_and(|ms| ms >= claimed / 2.0);
+        unseen += usize::from(!confirmed);
+        eprintln!(
+            "a gap no burst made: {} (the kernel's run_delay over it: {seen:?} ms{})",
+            g["explanation"],
+            if confirmed { "" } else { ": NOT seen" }
+        );
+    }
+    for g in &other {
         eprintln!("a gap no burst made: {}", g["explanation"]);
     }
-    // Precision of what the hog makes: a gap mostly waiting for a CPU where
-    // no burst ran is a false one. The PoH thread's own long waits (a
-    // 50-60 ms futex wait now and then, seen in 1 of 5 runs here) are real
-    // gaps of another cause: listed, not counted against the hog.
-    let cpu_waits = unmatched
-        .iter()
-        .filter(|g| g["cause"] == "waiting for a CPU")
-        .count();
     row(
         "CPU hog on the PoH core",
         "MainLoopGaps of other causes (the node's own)",
-        &(unmatched.len() - cpu_waits).to_string(),
+        &other.len().to_string(),
         "listed",
+        true,
+    );
+    row(
+        "CPU hog on the PoH core",
+        "MainLoopGaps waiting for a CPU no burst made, seen by the kernel's run_delay",
+        &(cpu_waits.len() - unseen).to_string(),
+        "listed (the node's own)",
         true,
     );
     assert!(
         row(
             "CPU hog on the PoH core",
-            "MainLoopGaps waiting for a CPU that no burst made",
-            &cpu_waits.to_string(),
-            "<= 1 in 30 s",
-            cpu_waits <= 1
+            "MainLoopGaps waiting for a CPU that neither a burst nor the kernel's run_delay shows",
+            &unseen.to_string(),
+            "0",
+            unseen == 0
         ),
-        "{cpu_waits} MainLoopGaps waiting for a CPU match no hog burst"
+        "{unseen} MainLoopGaps waiting for a CPU match no hog burst and no run-queue wait the kernel counted"
     );
 }
 

@@ -394,6 +394,27 @@ pub fn print_summary(rows: &[Row]) -> usize {
     for r in rows.iter().filter(|r| !e2e(r) && r.outcome != Outcome::Pass) {
         println!("  {} {}::{}: {}", r.outcome.word(), r.binary, r.test, r.note);
     }
+    // The failures and flaky passes again, last, with their panics: a
+    // reader of the log's tail (CI keeps only the ends of a long log)
+    // sees why without the table.
+    let bad: Vec<&Row> = rows
+        .iter()
+        .filter(|r| e2e(r) && matches!(r.outcome, Outcome::Fail | Outcome::Flaky))
+        .collect();
+    if !bad.is_empty() {
+        println!("\nFailed and flaky end-to-end tests:");
+        for r in bad {
+            let note: String = r.note.chars().take(1500).collect();
+            let more = if note.len() < r.note.len() { " [...]" } else { "" };
+            println!(
+                "  {} {} {}::{}: {note}{more}",
+                r.outcome.word(),
+                r.place,
+                r.binary,
+                r.test
+            );
+        }
+    }
     let count = |o: &[Outcome]| rows.iter().filter(|r| o.contains(&r.outcome)).count();
     let passed = count(&[Outcome::Pass]);
     let failed = count(&[Outcome::Fail]);

@@ -12,7 +12,9 @@
 //!
 //! `--smooth`: no gaps. `--seconds S` (default 6). `--report FILE`: JSON
 //! with every injected gap's kind and CLOCK_MONOTONIC start and end, and
-//! every iteration that took over `--slow-ms` (default 5) without one.
+//! every iteration that took over `--slow-ms` (default 5) without one,
+//! with the `cpu_ns` and `run_delay_ns` the kernel counted over it (the
+//! rest of it the thread was blocked: in the smooth loop, its sleep).
 //! Each gap also carries what the kernel counted for the loop thread over
 //! it (`getrusage(RUSAGE_THREAD)`): `cpu_ns` (user + system time) and
 //! `voluntary_switches` (times it blocked), the ground truth of whether
@@ -152,12 +154,18 @@ fn main() {
     // smooth twin's ground truth.
     let mut slow = Vec::new();
     let mut last = monotonic_ns();
+    let (mut last_usage, mut last_delay) = (thread_usage(), run_delay_ns());
     while monotonic_ns() < end {
         let now = monotonic_ns();
+        let (usage, delay) = (thread_usage(), run_delay_ns());
         if now - last > slow_ns && (smooth || !i.is_multiple_of(every)) {
-            slow.push(format!("{{\"start_ns\":{last},\"end_ns\":{now}}}"));
+            slow.push(format!(
+                "{{\"start_ns\":{last},\"end_ns\":{now},\"cpu_ns\":{},\"run_delay_ns\":{}}}",
+                usage.0 - last_usage.0,
+                delay.saturating_sub(last_delay)
+            ));
         }
-        last = now;
+        (last, last_usage, last_delay) = (now, usage, delay);
         stall_loop_iteration(i);
         i += 1;
         if ready.is_none() && !smooth {
