@@ -132,6 +132,7 @@ pub async fn run(
             )
         })
         .collect();
+    attach_warnings.extend(crate::privileges::kernel_symbols_warning());
     let kernel_thread = target.is_kernel_thread();
     if kernel_thread {
         attach_warnings.push(format!(

@@ -638,3 +638,331 @@ fn the_units_capabilities_suffice_and_systemd_hears_ready_reload_watchdog_and_st
     assert!(!said.contains("did not attach"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The packaged unit, byte for byte, under real systemd as PID 1. This
+/// machine has none (its PID 1 is a sandbox's), so `cargo xtask test-vm`
+/// boots a test VM with systemd as init for it (group "systemd"); anywhere
+/// else the test says so and is skipped. It installs the unit, slotprof
+/// and a configuration as the unit's header says, and checks what an
+/// operator relies on: `systemctl start` fails when the probes cannot
+/// attach (the unit without CAP_BPF) and returns once they are (active,
+/// running, the status line), the sandbox is on (capabilities exactly the
+/// unit's set, no new privileges, a seccomp filter, a mount namespace of
+/// its own), the metrics answer over the unit's IP allow-list, slots are
+/// exported into its StateDirectory, the watchdog is fed, `systemctl
+/// reload` re-reads the file (a good one and a bad one, which is refused
+/// while the daemon stays up), and `systemctl stop` ends it cleanly with no
+/// BPF program left.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn the_packaged_unit_starts_profiles_reloads_and_stops_under_systemd() {
+    let Some(_k) = kernel() else { return };
+    let pid1 = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    let pid1 = pid1.trim();
+    if pid1 != "systemd" || std::env::var_os("SLOTPROF_TEST_UNDER_SYSTEMD").is_none() {
+        skip(
+            Need::Elsewhere,
+            format!(
+                "needs systemd as PID 1 (here PID 1 is {pid1:?}) and installs a unit: the test VM \
+                 booted with systemd runs it (`sudo cargo xtask test-vm --test the_packaged_unit`)"
+            ),
+        );
+        return;
+    }
+    let unit = include_str!("../../profiler/packaging/slotprof.service");
+    let rpc = free_port_pair();
+    let installed = InstalledUnit::install(unit, rpc);
+    let log = Path::new(InstalledUnit::LOG);
+
+    // Without CAP_BPF (and CAP_SYS_ADMIN): `systemctl start` must fail.
+    let caps = unit_capabilities_named(unit);
+    let lacking: Vec<&str> = caps
+        .iter()
+        .map(|c| c.as_str())
+        .filter(|c| *c != "CAP_BPF" && *c != "CAP_SYS_ADMIN")
+        .collect();
+    installed.drop_in(
+        "lacking",
+        &format!(
+            "[Service]\nCapabilityBoundingSet=~CAP_BPF CAP_SYS_ADMIN\nAmbientCapabilities=\n\
+             AmbientCapabilities={}\nRestart=no\n",
+            lacking.join(" ")
+        ),
+    );
+    let dir = scratch("systemd");
+    let scale = time_scale() as u32;
+    let mut validator = start_validator(&dir, rpc, 60 * scale, &[]);
+    let start = systemctl(&["start", "slotprof"]);
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    eprintln!("systemctl start without CAP_BPF: {start:?}\n{said}");
+    assert!(
+        !start.0,
+        "systemctl start succeeded without CAP_BPF: {start:?}\n{said}"
+    );
+    assert!(said.contains("CAP_BPF"), "the log does not name CAP_BPF: {said}");
+    assert_eq!(show("slotprof", "ActiveState"), "failed");
+    installed.remove_drop_in("lacking");
+    systemctl(&["reset-failed", "slotprof"]);
+
+    // With the unit as shipped.
+    let t = std::time::Instant::now();
+    let start = systemctl(&["start", "slotprof"]);
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(start.0, "systemctl start slotprof failed: {start:?}\n{said}");
+    eprintln!(
+        "systemctl start returned after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(show("slotprof", "ActiveState"), "active", "{said}");
+    assert_eq!(show("slotprof", "SubState"), "running", "{said}");
+    let status = show("slotprof", "StatusText");
+    assert!(status.starts_with("profiling "), "StatusText={status}");
+    let main_pid: u32 = show("slotprof", "MainPID").parse().unwrap();
+    assert!(main_pid > 0);
+    // The sandbox is on.
+    let proc_status = std::fs::read_to_string(format!("/proc/{main_pid}/status")).unwrap();
+    let field = |name: &str| {
+        proc_status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let want = format!("{:016x}", capability_mask(&caps));
+    eprintln!(
+        "slotprof (pid {main_pid}): CapEff {} CapBnd {} NoNewPrivs {} Seccomp {}",
+        field("CapEff:"),
+        field("CapBnd:"),
+        field("NoNewPrivs:"),
+        field("Seccomp:")
+    );
+    assert_eq!(field("CapBnd:"), want, "the bounding set is not the unit's");
+    assert_eq!(field("CapEff:"), want, "the effective set is not the unit's");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2", "no seccomp filter (SystemCallFilter)");
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(
+        ns(&main_pid.to_string()),
+        ns("self"),
+        "no mount namespace of its own (ProtectSystem, PrivateTmp)"
+    );
+    // The metrics, from outside the unit, through its IP allow-list.
+    let metrics = http_get(installed.metrics, "/metrics");
+    assert!(metrics.contains("slotprof_target_attached 1"), "{metrics}");
+    // Slots land in the StateDirectory.
+    let slots = Path::new("/var/lib/slotprof/slots");
+    let count = || std::fs::read_dir(slots).map_or(0, |d| d.count());
+    let until = std::time::Instant::now() + Duration::from_secs(60 * time_scale());
+    while count() < 5 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before_reload = count();
+    assert!(
+        before_reload >= 5,
+        "{before_reload} slots exported in 60 s: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    // The watchdog is fed (systemd stamps each WATCHDOG=1 it hears).
+    let fed = show("slotprof", "WatchdogTimestampMonotonic");
+    assert!(
+        fed.parse::<u64>().is_ok_and(|us| us > 0),
+        "systemd heard no watchdog ping: WatchdogTimestampMonotonic={fed}"
+    );
+    // A good reload: the same process, still running, still exporting.
+    let reload = systemctl(&["reload", "slotprof"]);
+    assert!(reload.0, "systemctl reload failed: {reload:?}");
+    assert_eq!(show("slotprof", "MainPID"), main_pid.to_string());
+    assert_eq!(show("slotprof", "ActiveState"), "active");
+    // A bad file: refused, said, and the daemon stays.
+    std::fs::write(InstalledUnit::CONFIG, "[target\n").unwrap();
+    let reload = systemctl(&["reload", "slotprof"]);
+    eprintln!("systemctl reload with a bad file: {reload:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        said.contains("the new configuration is refused"),
+        "the bad file was not refused in the log: {said}"
+    );
+    assert_eq!(show("slotprof", "MainPID"), main_pid.to_string());
+    assert_eq!(show("slotprof", "ActiveState"), "active");
+    assert!(
+        show("slotprof", "StatusText").contains("refused"),
+        "StatusText does not say the file was refused"
+    );
+    installed.write_config();
+    let until = std::time::Instant::now() + Duration::from_secs(30 * time_scale());
+    while count() < before_reload + 3 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = count();
+    assert!(
+        after >= before_reload + 3,
+        "exports stopped after the reloads: {before_reload} -> {after}"
+    );
+    // Kernel frames are named: /proc/kallsyms shows the unit its addresses
+    // (CAP_SYSLOG kept; ProtectKernelLogs=yes would drop it).
+    let (mut named, mut unnamed) = (0usize, 0usize);
+    for e in std::fs::read_dir(slots).unwrap().flatten() {
+        let read = |name: &str| std::fs::read_to_string(e.path().join(name)).unwrap_or_default();
+        let text = read("offcpu.folded") + &read("oncpu.folded");
+        for frame in text
+            .lines()
+            .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
+            .flat_map(|s| s.split(';'))
+            .filter(|f| f.ends_with("_[k]") && !f.contains("not walked"))
+        {
+            if frame.starts_with("[unknown]") {
+                unnamed += 1;
+            } else {
+                named += 1;
+            }
+        }
+    }
+    eprintln!("kernel frames in the exported stacks: {named} named, {unnamed} unnamed");
+    assert!(
+        named > 0 && unnamed * 10 <= named + unnamed,
+        "kernel frames under the unit: {named} named, {unnamed} [unknown]: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    // Stop: clean, nothing left in the kernel.
+    let stop = systemctl(&["stop", "slotprof"]);
+    assert!(stop.0, "systemctl stop failed: {stop:?}");
+    assert_eq!(show("slotprof", "ActiveState"), "inactive");
+    assert_eq!(show("slotprof", "Result"), "success");
+    assert_eq!(show("slotprof", "NRestarts"), "0");
+    let left = slotprof_programs_left();
+    assert!(
+        left.is_empty(),
+        "BPF programs left after systemctl stop: {left:?}"
+    );
+    eprintln!(
+        "under systemd: start, {after} slots exported, two reloads (one refused), stop; log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    let _ = validator.kill();
+    let _ = validator.wait();
+    drop(installed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `systemctl ARGS`: (succeeded, what it said).
+fn systemctl(args: &[&str]) -> (bool, String) {
+    let o = Command::new("systemctl")
+        .args(args)
+        .output()
+        .expect("run systemctl");
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// One property of a unit (`systemctl show -p NAME --value`).
+fn show(unit: &str, property: &str) -> String {
+    systemctl(&["show", "-p", property, "--value", unit])
+        .1
+        .trim()
+        .to_string()
+}
+
+/// The capabilities of the unit's CapabilityBoundingSet line.
+fn unit_capabilities_named(unit: &str) -> Vec<String> {
+    unit.lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet= in the unit")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The bit mask of capability names, as /proc/PID/status prints them.
+fn capability_mask(caps: &[String]) -> u64 {
+    caps.iter()
+        .map(|c| {
+            let bit = match c.as_str() {
+                "CAP_DAC_READ_SEARCH" => 2,
+                "CAP_SYS_PTRACE" => 19,
+                "CAP_SYS_ADMIN" => 21,
+                "CAP_SYS_RESOURCE" => 24,
+                "CAP_SYSLOG" => 34,
+                "CAP_PERFMON" => 38,
+                "CAP_BPF" => 39,
+                other => panic!("a capability this test does not know: {other}"),
+            };
+            1u64 << bit
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// The unit installed as its header says (binary, configuration, unit
+/// file), with a drop-in that sends its output to a file (the test VM has
+/// no journald); stopped and removed again when dropped, also when a check
+/// fails.
+struct InstalledUnit {
+    metrics: u16,
+    rpc: u16,
+}
+
+impl InstalledUnit {
+    const CONFIG: &'static str = "/etc/slotprof/slotprof.toml";
+    const UNIT: &'static str = "/etc/systemd/system/slotprof.service";
+    const DROP_INS: &'static str = "/etc/systemd/system/slotprof.service.d";
+    const BIN: &'static str = "/usr/local/bin/slotprof";
+    const LOG: &'static str = "/run/slotprof-unit.log";
+
+    fn install(unit: &str, rpc: u16) -> InstalledUnit {
+        for d in ["/usr/local/bin", "/etc/slotprof", Self::DROP_INS] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::copy(slotprof(), Self::BIN).unwrap();
+        std::fs::write(Self::UNIT, unit).unwrap();
+        let me = InstalledUnit {
+            metrics: free_port(),
+            rpc,
+        };
+        me.write_config();
+        me.drop_in(
+            "output",
+            &format!("[Service]\nStandardOutput=append:{}\n", Self::LOG),
+        );
+        me
+    }
+
+    /// The configuration: the synthetic validator over its RPC, every slot
+    /// exported into the unit's StateDirectory (/var/lib/slotprof).
+    fn write_config(&self) {
+        let text = config_text(
+            self.rpc,
+            self.metrics,
+            Path::new("/var/lib/slotprof"),
+            "full = \"all\"\nfree_space_floor = \"64MiB\"",
+        );
+        std::fs::write(Self::CONFIG, text).unwrap();
+    }
+
+    fn drop_in(&self, name: &str, text: &str) {
+        std::fs::write(format!("{}/{name}.conf", Self::DROP_INS), text).unwrap();
+        assert!(systemctl(&["daemon-reload"]).0, "systemctl daemon-reload failed");
+    }
+
+    fn remove_drop_in(&self, name: &str) {
+        let _ = std::fs::remove_file(format!("{}/{name}.conf", Self::DROP_INS));
+        assert!(systemctl(&["daemon-reload"]).0, "systemctl daemon-reload failed");
+    }
+}
+
+impl Drop for InstalledUnit {
+    fn drop(&mut self) {
+        systemctl(&["stop", "slotprof"]);
+        systemctl(&["reset-failed", "slotprof"]);
+        let _ = std::fs::remove_dir_all(Self::DROP_INS);
+        let _ = std::fs::remove_file(Self::UNIT);
+        let _ = std::fs::remove_file(Self::CONFIG);
+        let _ = std::fs::remove_file(Self::BIN);
+        systemctl(&["daemon-reload"]);
+    }
+}

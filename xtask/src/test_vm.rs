@@ -26,9 +26,10 @@ use anyhow::{bail, Context};
 
 /// Test executables (cargo test targets of slotprof-tests) run in the VMs:
 /// the detectors against their stall programs and fixed twins, and the
-/// spine they stand on. `slots` needs a browser and `host` a KVM host of
-/// its own; they stay on the development machine.
-const SCENARIOS: &[&str] = &["spine", "detectors", "unwind", "cache_lines"];
+/// spine they stand on, and of `run` the packaged unit under systemd.
+/// `slots` needs a browser and `host` a KVM host of its own; they stay on
+/// the development machine.
+const SCENARIOS: &[&str] = &["spine", "detectors", "unwind", "cache_lines", "run"];
 
 /// One boot per group and kernel.
 struct Group {
@@ -45,6 +46,14 @@ struct Group {
     test_limit: Duration,
     /// How long the VM may run, boot to power-off.
     vm_limit: Duration,
+    /// Only the tests whose names hold this (None: every test of the
+    /// scenarios).
+    tests: Option<&'static str>,
+    /// Boot systemd as PID 1 and run the tests from a unit of its own
+    /// (the packaged unit's test needs a real service manager).
+    systemd: bool,
+    /// Only on these kernel lines (empty: every line asked for).
+    lines: &'static [&'static str],
 }
 
 const GROUPS: &[Group] = &[
@@ -54,6 +63,9 @@ const GROUPS: &[Group] = &[
         precise_ip: false,
         test_limit: Duration::from_secs(240),
         vm_limit: Duration::from_secs(900),
+        tests: None,
+        systemd: false,
+        lines: &[],
     },
     Group {
         name: "precise-ip",
@@ -63,6 +75,22 @@ const GROUPS: &[Group] = &[
         // Two tests of up to 8 min each: on 6.12 the first took 419 s
         // (6.1: 289 and 292 s), and 900 s ran out in the second.
         vm_limit: Duration::from_secs(1200),
+        tests: None,
+        systemd: false,
+        lines: &[],
+    },
+    // The packaged systemd unit under systemd 252 (the host's, copied in)
+    // as PID 1: one kernel is enough for what it checks (the service
+    // manager's sandbox around slotprof, not the kernel's probes).
+    Group {
+        name: "systemd",
+        scenarios: &["run"],
+        precise_ip: false,
+        test_limit: Duration::from_secs(300),
+        vm_limit: Duration::from_secs(600),
+        tests: Some("the_packaged_unit_starts_profiles_reloads_and_stops_under_systemd"),
+        systemd: true,
+        lines: &["6.12"],
     },
 ];
 
@@ -122,6 +150,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
     let mut table: BTreeMap<(String, String), (Outcome, String)> = BTreeMap::new();
     let mut vm_failures = Vec::new();
     for (line, group) in kernels.iter().flat_map(|k| GROUPS.iter().map(move |g| (k, g))) {
+        if !group.lines.is_empty() && !group.lines.contains(&line.as_str()) {
+            continue;
+        }
         let kernel = kernel_image(root, &cache, line)?;
         let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
         let group_tests: Vec<(String, PathBuf)> = tests
@@ -131,7 +162,10 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             .collect();
         // `--test` matches part of `binary::test` (`cache_lines::` runs a
         // whole file's tests).
-        let wanted = |b: &str, t: &str| only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o));
+        let wanted = |b: &str, t: &str| {
+            only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o))
+                && group.tests.is_none_or(|g| t.contains(g))
+        };
         let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group)?;
         if names.is_empty() {
             continue;
@@ -552,6 +586,10 @@ fn build_initramfs(
     }
     let mut runs = Vec::new();
     let mut script = String::from(INIT_HEAD);
+    if group.systemd {
+        // systemd clears the environment of its services: said here.
+        script.push_str("export SLOTPROF_TEST_UNDER_SYSTEMD=1\n");
+    }
     script.push_str(&format!("TEST_LIMIT={}\n", group.test_limit.as_secs()));
     if !cpu_has_virtualization() {
         script.push_str(&format!("export SLOTPROF_TEST_TIME_SCALE={TCG_TIME_SCALE}\n"));
@@ -567,21 +605,81 @@ fn build_initramfs(
         }
     }
     script.push_str(INIT_TAIL);
+    // As PID 1 the script mounts, then runs the tests itself, or (systemd)
+    // hands over to systemd, whose test unit runs `/init tests`.
+    let script = if group.systemd {
+        files.extend(SYSTEMD_FILES.iter().map(PathBuf::from));
+        format!(
+            "#!/bin/busybox sh\nif [ \"$1\" = tests ]; then\n{script}exit 0\nfi\n{INIT_MOUNTS}\
+             exec /usr/lib/systemd/systemd --unit=slotprof-vm.target --show-status=false\n"
+        )
+    } else {
+        format!("#!/bin/busybox sh\n{INIT_MOUNTS}{script}")
+    };
     let mut libs = BTreeSet::new();
     for f in &files {
         libs.extend(shared_libraries(f)?);
     }
     let mut cpio = Cpio::create(out)?;
-    for dir in ["bin", "dev", "proc", "sys", "tmp", "run", "root"] {
+    for dir in ["bin", "dev", "proc", "sys", "tmp", "run", "root", "etc", "var"] {
         cpio.dir(Path::new(dir))?;
     }
     cpio.file(Path::new("bin/busybox"), busybox, 0o755)?;
     cpio.bytes(Path::new("init"), script.as_bytes(), 0o755)?;
+    if group.systemd {
+        systemd_units(&mut cpio)?;
+    }
     for f in files.iter().chain(&libs) {
         cpio.file(f.strip_prefix("/").unwrap_or(f), f, 0o755)?;
     }
     cpio.finish()?;
     Ok(runs)
+}
+
+/// What systemd as PID 1 needs from the host (its libraries come by ldd).
+const SYSTEMD_FILES: &[&str] = &["/usr/lib/systemd/systemd", "/usr/bin/systemctl"];
+
+/// The units and files of the systemd boot: the host's own targets (the
+/// packaged unit's default dependencies name sysinit.target, basic.target
+/// and shutdown.target), a target that starts the tests' unit, that unit
+/// (`/init tests`, on the serial console), and the identity files systemd
+/// reads.
+fn systemd_units(cpio: &mut Cpio) -> anyhow::Result<()> {
+    let system = Path::new("/usr/lib/systemd/system");
+    for e in std::fs::read_dir(system).with_context(|| format!("read {}", system.display()))? {
+        let p = e?.path();
+        let is_target = p.extension().is_some_and(|x| x == "target");
+        if is_target && p.is_file() && !p.is_symlink() {
+            cpio.file(p.strip_prefix("/").unwrap(), &p, 0o644)?;
+        }
+    }
+    let etc = Path::new("etc/systemd/system");
+    cpio.bytes(
+        &etc.join("slotprof-vm.target"),
+        b"[Unit]\nDescription=slotprof's tests under systemd\nRequires=basic.target\n\
+          Wants=slotprof-vm-tests.service\nAfter=basic.target\n",
+        0o644,
+    )?;
+    cpio.bytes(
+        &etc.join("slotprof-vm-tests.service"),
+        b"[Unit]\nDescription=slotprof's tests\nAfter=basic.target\n\
+          [Service]\nType=oneshot\nExecStart=/init tests\nStandardOutput=tty\n\
+          StandardError=tty\nTTYPath=/dev/ttyS0\nLimitMEMLOCK=infinity\nTimeoutStartSec=infinity\n",
+        0o644,
+    )?;
+    cpio.bytes(
+        Path::new("etc/passwd"),
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+        0o644,
+    )?;
+    cpio.bytes(Path::new("etc/group"), b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
+    cpio.bytes(
+        Path::new("etc/os-release"),
+        b"NAME=\"slotprof test VM\"\nID=slotprof-vm\n",
+        0o644,
+    )?;
+    cpio.bytes(Path::new("etc/machine-id"), b"", 0o444)?;
+    Ok(())
 }
 
 /// The shared libraries `exe` loads (and the loader), from ldd.
@@ -683,8 +781,8 @@ impl Cpio {
     }
 }
 
-const INIT_HEAD: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
+/// The guest's first steps as PID 1: the file systems the tests need.
+const INIT_MOUNTS: &str = r#"/bin/busybox --install -s /bin
 export PATH=/bin:/usr/bin:/sbin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -699,6 +797,11 @@ ulimit -l unlimited
 # A lockup reports every CPU's stack, not only the one that noticed.
 echo 1 > /proc/sys/kernel/softlockup_all_cpu_backtrace 2>/dev/null
 echo 1 > /proc/sys/kernel/softlockup_panic 2>/dev/null || true
+"#;
+
+/// Before the tests: what the host reads first, and the helpers that run
+/// each test under its time limit.
+const INIT_HEAD: &str = r#"export PATH=/bin:/usr/bin:/sbin:/usr/sbin
 echo "SLOTPROF-VM-BEGIN $(uname -r)"
 for c in /sys/devices/system/cpu/cpu[0-9]*; do
   echo "SLOTPROF-VM-L3 ${c##*/} $(cat $c/cache/index3/shared_cpu_list 2>/dev/null || echo none)"

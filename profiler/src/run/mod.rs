@@ -643,6 +643,13 @@ async fn follow(
             p.error.as_deref().unwrap_or("unknown error")
         );
     }
+    // Said at the first attach, not again at each target restart.
+    static KALLSYMS_SAID: std::sync::Once = std::sync::Once::new();
+    KALLSYMS_SAID.call_once(|| {
+        if let Some(w) = crate::privileges::kernel_symbols_warning() {
+            eprintln!("slotprof: warning: {w}");
+        }
+    });
     let mut ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
     let origin = monotonic_ns();
     eprintln!(
