@@ -21,7 +21,9 @@ use aya::{
     Ebpf, EbpfLoader, Pod,
 };
 use profiler_ebpf::{
-    counter, split_stack_id, FutexTotals, OffCpuStart, TracepointOffsets, STACK_EPOCH_MASK, STACK_MAP_ENTRIES,
+    counter,
+    names::{global, map, program},
+    split_stack_id, FutexTotals, OffCpuStart, TracepointOffsets, STACK_EPOCH_MASK, STACK_MAP_ENTRIES,
 };
 use serde::Serialize;
 
@@ -134,12 +136,12 @@ unsafe impl Pod for Start {}
 
 /// The interrupt nesting probes, exits before entries.
 pub const IRQ_NESTING_PROBES: [(&str, &str, &str); 6] = [
-    ("slotprof_hardirq_exit", "irq", "irq_handler_exit"),
-    ("slotprof_softirq_exit", "irq", "softirq_exit"),
-    ("slotprof_hrtimer_exit", "timer", "hrtimer_expire_exit"),
-    ("slotprof_hardirq_entry", "irq", "irq_handler_entry"),
-    ("slotprof_softirq_entry", "irq", "softirq_entry"),
-    ("slotprof_hrtimer_entry", "timer", "hrtimer_expire_entry"),
+    (program::HARDIRQ_EXIT, "irq", "irq_handler_exit"),
+    (program::SOFTIRQ_EXIT, "irq", "softirq_exit"),
+    (program::HRTIMER_EXIT, "timer", "hrtimer_expire_exit"),
+    (program::HARDIRQ_ENTRY, "irq", "irq_handler_entry"),
+    (program::SOFTIRQ_ENTRY, "irq", "softirq_entry"),
+    (program::HRTIMER_ENTRY, "timer", "hrtimer_expire_entry"),
 ];
 
 /// The loaded and attached probes.
@@ -162,7 +164,7 @@ impl Probes {
         let btf = kernel_btf();
         let mut status = vec![
             attach_cpu_clock(&mut ebpf, config.freq_hz),
-            attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_switch", "sched", "sched_switch"),
+            attach_btf_tracepoint(&mut ebpf, &btf, program::SWITCH, "sched", "sched_switch"),
         ];
         // Interrupt nesting per CPU, for the wakeup probe to tell a wakeup
         // by a timer, a device or a softirq from a task's. Exits first, so
@@ -175,15 +177,14 @@ impl Probes {
         status.push(attach_btf_tracepoint(
             &mut ebpf,
             &btf,
-            "slotprof_waking",
+            program::WAKING,
             "sched",
             "sched_waking",
         ));
         // Every system call's exit, in one program: deferred user stacks
         // of off-CPU intervals are copied there, and it ends the futex and
         // madvise calls the detectors see (see syscalls.rs for why one).
-        let sys_exit =
-            attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_sys_exit", "raw_syscalls", "sys_exit");
+        let sys_exit = attach_btf_tracepoint(&mut ebpf, &btf, program::SYS_EXIT, "raw_syscalls", "sys_exit");
         let exit_attached = sys_exit.attached;
         status.push(sys_exit);
         if config.detector_probes {
@@ -193,30 +194,30 @@ impl Probes {
             // a futex entry there makes sched_switch take the thread's next
             // sleep for a futex wait).
             status.push(if exit_attached {
-                attach_btf_tracepoint(&mut ebpf, &btf, "slotprof_sys_enter", "raw_syscalls", "sys_enter")
+                attach_btf_tracepoint(&mut ebpf, &btf, program::SYS_ENTER, "raw_syscalls", "sys_enter")
             } else {
                 ProbeStatus {
-                    program: "slotprof_sys_enter",
+                    program: program::SYS_ENTER,
                     event: "raw_syscalls:sys_enter".into(),
                     attached: false,
                     error: Some("not attached: the exit probe (raw_syscalls:sys_exit) did not attach".into()),
                 }
             });
             for (program, category, name) in [
-                ("slotprof_tlb_flush", "tlb", "tlb_flush"),
-                ("slotprof_page_fault", "exceptions", "page_fault_user"),
+                (program::TLB_FLUSH, "tlb", "tlb_flush"),
+                (program::PAGE_FAULT, "exceptions", "page_fault_user"),
             ] {
                 status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
             }
             status.extend(attach_all(
                 &mut ebpf,
-                "slotprof_ipi_send",
+                program::IPI_SEND,
                 &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
             ));
         }
         for (program, uprobe) in [
-            ("slotprof_slot", &config.slot_uprobe),
-            ("slotprof_loop", &config.loop_uprobe),
+            (program::SLOT, &config.slot_uprobe),
+            (program::LOOP, &config.loop_uprobe),
         ] {
             if let Some((binary, offset, label)) = uprobe {
                 let st = attach_uprobe(&mut ebpf, program, binary, *offset, config.tgid, label);
@@ -292,13 +293,13 @@ impl Probes {
 
     /// The ring buffer every record arrives through (can be taken once).
     pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self.ebpf.take_map("EVENTS").context("EVENTS map missing")?;
+        let map = self.ebpf.take_map(map::EVENTS).context("EVENTS map missing")?;
         Ok(RingBuf::try_from(map)?)
     }
 
     /// The kernel-side counters now.
     pub fn counters(&self) -> anyhow::Result<Counters> {
-        let map = self.ebpf.map("COUNTERS").context("COUNTERS map missing")?;
+        let map = self.ebpf.map(map::COUNTERS).context("COUNTERS map missing")?;
         let array: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
         let read = |i: u32| -> anyhow::Result<u64> { Ok(array.get(&i, 0)?.iter().sum()) };
         Ok(Counters {
@@ -347,7 +348,7 @@ impl Probes {
         if tops.is_empty() {
             return;
         }
-        let Some(map) = self.ebpf.map_mut("USER_STACK_TOP") else {
+        let Some(map) = self.ebpf.map_mut(map::USER_STACK_TOP) else {
             return;
         };
         let Ok(mut map) = aya::maps::HashMap::<_, u32, u64>::try_from(map) else {
@@ -383,7 +384,7 @@ impl Probes {
         }
         let map = self
             .ebpf
-            .map_mut("STACK_EPOCH")
+            .map_mut(map::STACK_EPOCH)
             .context("STACK_EPOCH map missing")?;
         let mut epoch: Array<_, u32> = Array::try_from(map)?;
         epoch.set(0, next, 0)?;
@@ -393,7 +394,7 @@ impl Probes {
 
     /// Futex waits under the minimum, per address: (address, waits, ns).
     pub fn short_futex_waits(&self) -> Vec<(u64, u64, u64)> {
-        let Some(map) = self.ebpf.map("FUTEX_SHORT") else {
+        let Some(map) = self.ebpf.map(map::FUTEX_SHORT) else {
             return Vec::new();
         };
         let Ok(totals) = BpfHashMap::<_, u64, Totals>::try_from(map) else {
@@ -408,7 +409,7 @@ impl Probes {
 
     /// Threads that are off-CPU right now, with where they went off.
     pub fn in_flight_offcpu(&self) -> Vec<(u32, OffCpuStart)> {
-        let Some(map) = self.ebpf.map("OFFCPU_START") else {
+        let Some(map) = self.ebpf.map(map::OFFCPU_START) else {
             return Vec::new();
         };
         let Ok(starts) = BpfHashMap::<_, u32, Start>::try_from(map) else {
@@ -425,23 +426,23 @@ impl Probes {
 
 /// `slotprof host`'s programs and their tracepoints.
 pub const HOST_PROBES: &[(&str, &str, &str)] = &[
-    ("slotprof_kvm_unmap", "kvm", "kvm_unmap_hva_range"),
+    (program::KVM_UNMAP, "kvm", "kvm_unmap_hva_range"),
     (
-        "slotprof_compact_isolate",
+        program::COMPACT_ISOLATE,
         "compaction",
         "mm_compaction_isolate_migratepages",
     ),
-    ("slotprof_compact_begin", "compaction", "mm_compaction_begin"),
-    ("slotprof_compact_end", "compaction", "mm_compaction_end"),
-    ("slotprof_migrate", "migrate", "mm_migrate_pages"),
+    (program::COMPACT_BEGIN, "compaction", "mm_compaction_begin"),
+    (program::COMPACT_END, "compaction", "mm_compaction_end"),
+    (program::MIGRATE, "migrate", "mm_migrate_pages"),
 ];
 
 /// The stack map a stack epoch's stacks are in.
 fn stack_map_name(epoch: u32) -> &'static str {
     if epoch & 1 == 0 {
-        "STACKS"
+        map::STACKS
     } else {
-        "STACKS_ODD"
+        map::STACKS_ODD
     }
 }
 
@@ -461,13 +462,13 @@ fn open(
     // One stack-copy scratch record per possible CPU (indexed by CPU).
     let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))? as u32;
     EbpfLoader::new()
-        .map_max_entries("STACKS_ODD", odd_entries)
-        .map_max_entries("USER_STACK_SCRATCH", cpus)
-        .override_global("TARGET_TGID", &tgid, true)
-        .override_global("MIN_OFFCPU_NS", &min_ns, true)
-        .override_global("MIN_FUTEX_NS", &min_ns, true)
-        .override_global("USER_STACK_REPEAT_NS", &repeat_ns, true)
-        .override_global("TP_OFFSETS", &offsets, true)
+        .map_max_entries(map::STACKS_ODD, odd_entries)
+        .map_max_entries(map::USER_STACK_SCRATCH, cpus)
+        .override_global(global::TARGET_TGID, &tgid, true)
+        .override_global(global::MIN_OFFCPU_NS, &min_ns, true)
+        .override_global(global::MIN_FUTEX_NS, &min_ns, true)
+        .override_global(global::USER_STACK_REPEAT_NS, &repeat_ns, true)
+        .override_global(global::TP_OFFSETS, &offsets, true)
         .load(OBJECT)
         .context(
             "loading slotprof's eBPF object failed (is this kernel built with CONFIG_BPF_SYSCALL and BTF?)",
@@ -505,7 +506,7 @@ fn opt_field(
 }
 
 fn attach_cpu_clock(ebpf: &mut Ebpf, freq_hz: u64) -> ProbeStatus {
-    let name = "slotprof_cpu";
+    let name = program::CPU;
     let event = format!("cpu-clock@{freq_hz}Hz");
     let result = (|| -> anyhow::Result<()> {
         let prog: &mut PerfEvent = ebpf.program_mut(name).context("program missing")?.try_into()?;
@@ -708,5 +709,62 @@ impl StackCache {
         }
         self.rotated = Some(Instant::now());
         probes.next_stack_epoch()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+    use profiler_ebpf::names::{global, map, program};
+
+    /// The names the loader uses against the object it embeds, without
+    /// root or a kernel: every program (a function outside `.text`), map
+    /// (a symbol of the `maps` section) and global (a named symbol of
+    /// `.rodata`) of the object is in `profiler_ebpf::names`, and every
+    /// name there is in the object.
+    #[test]
+    fn every_name_the_loader_uses_is_in_the_object_and_no_other() {
+        let elf = object::File::parse(super::OBJECT).expect("the embedded eBPF object parses");
+        let in_section = |want: &dyn Fn(&str) -> bool, kind: Option<SymbolKind>| -> BTreeSet<String> {
+            elf.symbols()
+                .filter(|s| kind.is_none_or(|k| s.kind() == k))
+                .filter(|s| {
+                    s.section_index()
+                        .and_then(|i| elf.section_by_index(i).ok())
+                        .and_then(|sec| sec.name().ok().map(|n| want(n)))
+                        .unwrap_or(false)
+                })
+                .filter_map(|s| s.name().ok().map(str::to_string))
+                .collect()
+        };
+        let programs = in_section(
+            &|n| n != ".text" && !n.starts_with(".rel"),
+            Some(SymbolKind::Text),
+        );
+        let maps = in_section(&|n| n == "maps", None);
+        let globals: BTreeSet<String> = in_section(&|n| n == ".rodata", None)
+            .into_iter()
+            .filter(|n| !n.is_empty() && !n.starts_with("anon."))
+            .collect();
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            programs,
+            set(&program::ALL),
+            "programs of the object vs names::program::ALL"
+        );
+        let mut all_maps = set(&map::USED);
+        all_maps.extend(set(&map::KERNEL_ONLY));
+        assert_eq!(maps, all_maps, "maps of the object vs names::map");
+        assert_eq!(
+            globals,
+            set(&global::ALL),
+            "read-only globals of the object vs names::global::ALL"
+        );
+        // And the attach tables name programs of the object.
+        for (name, _, _) in super::IRQ_NESTING_PROBES.iter().chain(super::HOST_PROBES) {
+            assert!(programs.contains(*name), "{name}");
+        }
     }
 }
