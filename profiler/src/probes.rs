@@ -733,7 +733,7 @@ mod tests {
                 .filter(|s| {
                     s.section_index()
                         .and_then(|i| elf.section_by_index(i).ok())
-                        .and_then(|sec| sec.name().ok().map(|n| want(n)))
+                        .and_then(|sec| sec.name().ok().map(want))
                         .unwrap_or(false)
                 })
                 .filter_map(|s| s.name().ok().map(str::to_string))
