@@ -22,6 +22,7 @@ pub mod memory_access;
 pub mod metrics;
 pub mod output;
 pub mod phase;
+pub mod pipeline;
 pub mod privileges;
 pub mod probes;
 pub mod report;

@@ -13,7 +13,7 @@ use symbolizer::Symbolizer;
 use tokio::signal::unix::SignalKind;
 
 use crate::{
-    aggregate::{Aggregator, StackNamer, StackTable},
+    aggregate::{Aggregator, StackTable},
     detectors::{self, DetectorConfig},
     events,
     probes::{ProbeConfig, Probes, StackCache},
@@ -393,39 +393,31 @@ pub async fn run(
         }
         None => Timeline::default(),
     };
-    let thread_names = agg.thread_names();
-    let detector_intervals = agg
-        .detector_intervals(&opts.detectors, &thread_names)
-        .context("reading back the off-CPU intervals")?;
-    let inputs = agg.inputs(target.pid, &short_futex, &thread_names, &detector_intervals);
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
     let topology = match &opts.detectors.topology {
         Some(file) => crate::topology::Topology::from_file(file)?,
         None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
     };
-    let mut findings = {
-        let mut namer = StackNamer::new(&stacks, &mut sym);
-        detectors::run_all(&inputs, &opts.detectors, &buckets, &mut |tgid, id, kernel| {
-            namer.part(tgid, id, kernel)
-        })
-    };
-    // Cache lines: decode the user-mode samples into memory accesses.
-    let (accesses, decoding) = crate::memory_access::decode(&agg.user_regs, &mut sym);
-    let mut per_thread = std::collections::BTreeMap::new();
-    for r in &agg.user_regs {
-        *per_thread.entry(r.tid).or_insert(0u64) += 1;
-    }
-    findings.extend(detectors::cache_line_ping_pong::detect(
-        &inputs,
-        &accesses,
-        &per_thread,
+    let mut findings = crate::pipeline::detect(
+        &agg,
+        target.pid,
+        &short_futex,
+        &opts.detectors,
+        &buckets,
+        &stacks,
+        &mut sym,
+    )
+    .context("reading back the off-CPU intervals")?;
+    let thread_names = agg.thread_names();
+    let cache_lines = crate::pipeline::cache_lines(
+        &agg.user_regs,
+        target.pid,
+        &thread_names,
         &topology,
         opts.detectors.pingpong_threshold,
-        &mut SymNames {
-            sym: &mut sym,
-            pid: target.pid,
-        },
-    ));
+        &mut sym,
+    );
+    findings.extend(cache_lines.findings);
 
     let exe_label = target
         .exe
@@ -542,8 +534,8 @@ pub async fn run(
             path: crate::topology::cache_line_path(),
             topology: topology.source.clone(),
             samples_with_registers: agg.user_regs.len(),
-            decoded_accesses: accesses.len(),
-            decoding,
+            decoded_accesses: cache_lines.accesses,
+            decoding: cache_lines.decoding,
         },
         tlb: report::Tlb {
             flushes: counters.tlb_local,
@@ -655,31 +647,6 @@ pub async fn run(
         summary_path,
         printed,
     })
-}
-
-/// Code and data names for the cache-line detector.
-struct SymNames<'a> {
-    sym: &'a mut Symbolizer,
-    pid: u32,
-}
-
-impl detectors::cache_line_ping_pong::AddressNames for SymNames<'_> {
-    fn code(&mut self, addr: u64) -> String {
-        let name = self
-            .sym
-            .user_frame(self.pid, addr, false)
-            .last()
-            .cloned()
-            .unwrap_or_default();
-        match self.sym.function_start(self.pid, addr) {
-            Some(start) => format!("{name}+{:#x}", addr - start),
-            None => name,
-        }
-    }
-
-    fn data(&mut self, addr: u64) -> String {
-        self.sym.data_name(self.pid, addr)
-    }
 }
 
 /// A symbolizer that has taken the memory map of `pid`.

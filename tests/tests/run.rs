@@ -966,3 +966,87 @@ impl Drop for InstalledUnit {
         systemctl(&["daemon-reload"]);
     }
 }
+
+/// CacheLinePingPong in `slotprof run`: per leader window (four slots'
+/// samples together; one slot's are too few), placed in the window's last
+/// slot. Against `stall-false-sharing` (two threads bumping adjacent
+/// counters on one line) with every slot a leader slot at 499 Hz: the
+/// program's shared line is found; its padded twin gives nothing.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn cache_line_ping_pong_is_found_per_leader_window_and_the_padded_twin_is_clean() {
+    let Some(_k) = kernel() else { return };
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        skip(Need::Cpus(2), "ping-pong needs two CPUs");
+        return;
+    }
+    for padded in [false, true] {
+        let dir = scratch(if padded {
+            "run-pingpong-padded"
+        } else {
+            "run-pingpong"
+        });
+        let export = dir.join("export");
+        let config = write_config(
+            &dir,
+            &format!(
+                "[target]\ncomm = \"stall-false-sharing\"\n[sampling]\nfrequency_hz = 499\n\
+                 [slots]\nsource = \"clock=400ms,leader=4/4\"\n[export]\ndir = \"{}\"\nfull = \"all\"\n\
+                 [metrics]\nlisten = \"127.0.0.1:{}\"\n[phase_probe]\nenabled = false\n",
+                export.display(),
+                free_port()
+            ),
+        );
+        let report = dir.join("truth.json");
+        let seconds = (8 * time_scale()).to_string();
+        let mut args = vec!["--mode", "counters", "--seconds", &seconds, "--report"];
+        args.push(report.to_str().unwrap());
+        if padded {
+            args.push("--padded");
+        }
+        let mut program = Command::new(stall_program("stall-false-sharing"))
+            .args(&args)
+            .spawn()
+            .expect("start stall-false-sharing");
+        let daemon = Daemon::start(&config, &dir);
+        let status = program.wait().unwrap();
+        assert!(status.success(), "stall-false-sharing: {status}");
+        // The last window's slots end, then the grace before a slot is
+        // processed.
+        std::thread::sleep(Duration::from_secs(3));
+        let (status, said) = daemon.stop();
+        assert!(status.success(), "slotprof run: {status}: {said}");
+        let truth = read_json(&report);
+        let found: Vec<serde_json::Value> = read_json(&export.join("findings.json"))
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["kind"] == "CacheLinePingPong")
+            .cloned()
+            .collect();
+        eprintln!(
+            "padded {padded}: {} CacheLinePingPong findings in slots {:?}",
+            found.len(),
+            found.iter().map(|f| f["slot"].as_u64()).collect::<Vec<_>>()
+        );
+        if padded {
+            assert!(found.is_empty(), "the padded twin: {found:?}");
+        } else {
+            let line = truth["shared_line"].as_u64().unwrap();
+            let on_line = found
+                .iter()
+                .filter(|f| f["magnitudes"]["line"].as_f64().map(|l| l as u64) == Some(line))
+                .count();
+            assert!(on_line >= 1, "no finding on the shared line {line:#x}: {found:?}");
+            // Precision: every finding is on the program's shared line.
+            assert_eq!(on_line, found.len(), "findings on other lines: {found:?}");
+            // In a window's last slot (leader=4/4 from the session's
+            // origin: windows are slots 4k..4k+3).
+            for f in &found {
+                let slot = f["slot"].as_u64().expect("a slot");
+                assert_eq!(slot % 4, 3, "not a window's last slot: {f}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -30,7 +30,7 @@ use symbolizer::Symbolizer;
 use tokio::signal::unix::SignalKind;
 
 use crate::{
-    aggregate::{Aggregator, StackNamer},
+    aggregate::Aggregator,
     config::{Config, TargetSpec},
     detectors::{self, DetectorConfig},
     events::Event,
@@ -405,6 +405,8 @@ struct Pending {
     /// the probes' attach and the session's origin end before the first
     /// chunk's start: they were counted as late, ~150 at every start.)
     took_any: bool,
+    /// Leader windows' samples with registers, for the cache-line detector.
+    cache_windows: crate::pipeline::LeaderWindows,
 }
 
 impl Pending {
@@ -711,10 +713,16 @@ async fn follow(
     let mut tick = tokio::time::interval(TICK);
     let mut ticks = 0u64;
     let mut losses = LossReport::default();
+    let detectors = detector_config(config);
+    let topology = match &detectors.topology {
+        Some(file) => crate::topology::Topology::from_file(file)?,
+        None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
+    };
     let mut chunk = Chunk {
         config: config.clone(),
-        detector_config: detector_config(config),
+        detector_config: detectors,
         target: &target,
+        topology: &topology,
         exporter,
         snapshot,
     };
@@ -986,6 +994,7 @@ struct Chunk<'a> {
     config: Config,
     detector_config: DetectorConfig,
     target: &'a Target,
+    topology: &'a crate::topology::Topology,
     exporter: &'a mut export::Exporter,
     snapshot: &'a Arc<Mutex<Snapshot>>,
 }
@@ -1044,23 +1053,27 @@ impl Chunk<'_> {
         }
         let timeline = Timeline::new(slots.to_vec());
         let per_slot = agg.resolve_slots(&timeline, &table, sym)?;
-        let thread_names = agg.thread_names();
         let short_futex = probes.short_futex_waits();
-        let intervals = agg.detector_intervals(&self.detector_config, &thread_names)?;
-        let inputs = agg.inputs(self.target.pid, &short_futex, &thread_names, &intervals);
         let buckets = detectors::Buckets::new(Some(&timeline), c);
-        let findings = {
-            let mut namer = StackNamer::new(&table, sym);
-            detectors::run_all(
-                &inputs,
-                &self.detector_config,
-                &buckets,
-                &mut |tgid, id, kernel| namer.part(tgid, id, kernel),
-            )
-        };
+        let mut findings = crate::pipeline::detect(
+            &agg,
+            self.target.pid,
+            &short_futex,
+            &self.detector_config,
+            &buckets,
+            &table,
+            sym,
+        )?;
+        findings.extend(pending.cache_windows.findings(
+            slots,
+            &agg,
+            self.target.pid,
+            self.topology,
+            self.detector_config.pingpong_threshold,
+            sym,
+        ));
         // A finding that began before these slots (a gap across the
         // boundary) belongs to the first of them.
-        let mut findings = findings;
         for f in findings.iter_mut().filter(|f| f.slot.is_none()) {
             f.slot = Some(
                 timeline
