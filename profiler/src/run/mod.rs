@@ -1192,4 +1192,75 @@ mod tests {
         assert_eq!(p.late, 1);
         assert_eq!(agg.samples, 1);
     }
+
+    fn off_cpu(tid: u32, start_ns: u64, end_ns: u64) -> Event {
+        let mut o: OffCpuInterval = unsafe { std::mem::zeroed() };
+        o.kind = profiler_ebpf::EventKind::OffCpu as u32;
+        (o.tgid, o.tid, o.start_ns, o.end_ns, o.state) = (7, tid, start_ns, end_ns, 1);
+        Event::OffCpu(o)
+    }
+
+    fn asleep(start_ns: u64) -> OffCpuStart {
+        let mut s: OffCpuStart = unsafe { std::mem::zeroed() };
+        (s.tgid, s.start_ns, s.state) = (7, start_ns, 1);
+        s
+    }
+
+    /// An interval across a boundary is split there: the part before in
+    /// the chunk that ends there, the rest in the next; nothing counted
+    /// twice or lost.
+    #[test]
+    fn an_interval_across_a_boundary_is_split_at_it() {
+        let log = SharedSlotLog::default();
+        let mut p = Pending::default();
+        p.push(&log, off_cpu(3, 150, 260));
+        let mut agg = Aggregator::new();
+        p.take_until(100, 200, &mut agg);
+        assert_eq!((agg.offcpu_intervals, agg.offcpu_ns), (1, 50));
+        assert_eq!(p.events.len(), 1, "the part after 200 waits");
+        let mut agg = Aggregator::new();
+        p.take_until(200, 300, &mut agg);
+        assert_eq!((agg.offcpu_intervals, agg.offcpu_ns), (1, 60));
+        assert!(p.events.is_empty());
+        assert_eq!(p.late, 0);
+    }
+
+    /// A thread asleep over several chunks is counted in each up to its
+    /// boundary (from the kernel's start record), and when its interval
+    /// finally ends only the part after the last boundary is added.
+    #[test]
+    fn a_thread_asleep_over_chunks_is_counted_once_per_stretch() {
+        let log = SharedSlotLog::default();
+        let mut p = Pending::default();
+        let mut no_stacks = |_: u32, _: &OffCpuStart| (-1, -1);
+        let open = [(3u32, asleep(150))];
+        let mut agg = Aggregator::new();
+        p.take_until(100, 200, &mut agg);
+        p.count_open(&open, 7, 100, 200, 10, &mut agg, &mut no_stacks);
+        assert_eq!(agg.offcpu_ns, 50, "150..200");
+        let mut agg = Aggregator::new();
+        p.take_until(200, 300, &mut agg);
+        p.count_open(&open, 7, 200, 300, 10, &mut agg, &mut no_stacks);
+        assert_eq!(agg.offcpu_ns, 100, "200..300");
+        // It wakes at 340: the interval 150..340 arrives whole.
+        p.push(&log, off_cpu(3, 150, 340));
+        let mut agg = Aggregator::new();
+        p.take_until(300, 400, &mut agg);
+        p.count_open(&[], 7, 300, 400, 10, &mut agg, &mut no_stacks);
+        assert_eq!((agg.offcpu_intervals, agg.offcpu_ns), (1, 40), "300..340 only");
+        assert!(p.carried.is_empty(), "a thread no longer asleep is forgotten");
+    }
+
+    /// Threads of another process, sleeps that began after the boundary,
+    /// and sleeps shorter than the minimum so far are not counted yet.
+    #[test]
+    fn open_sleeps_of_others_after_the_boundary_or_too_short_are_not_counted() {
+        let mut p = Pending::default();
+        let mut other = asleep(120);
+        other.tgid = 8;
+        let open = [(3u32, other), (4, asleep(250)), (5, asleep(195))];
+        let mut agg = Aggregator::new();
+        p.count_open(&open, 7, 100, 200, 10, &mut agg, &mut |_, _| (-1, -1));
+        assert_eq!(agg.offcpu_intervals, 0);
+    }
 }
