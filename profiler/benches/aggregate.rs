@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use profiler::{
-    aggregate::{Aggregator, StackNamer, StackTable},
-    detectors::{self, Buckets, DetectorConfig, Inputs},
+    aggregate::{Aggregator, StackTable},
+    detectors::{Buckets, DetectorConfig},
     events::{self, Event},
     slots::Timeline,
 };
@@ -51,22 +51,10 @@ fn main() {
         let mut sym = Symbolizer::new();
         let per_slot = agg.resolve_slots(&timeline, &table, &mut sym).unwrap();
         let t2 = Instant::now();
-        let names = agg.thread_names();
         let config = DetectorConfig::default();
-        let intervals = agg.detector_intervals(&config, &names).unwrap();
-        let inputs = Inputs {
-            pid,
-            samples: agg.samples(),
-            intervals: &intervals,
-            madvise: &agg.madvise_log,
-            futex: &agg.futex_log,
-            loop_marks: &agg.loop_marks,
-            short_futex: &[],
-            thread_names: &names,
-        };
         let buckets = Buckets::new(Some(&timeline), start);
-        let mut namer = StackNamer::new(&table, &mut sym);
-        let findings = detectors::run_all(&inputs, &config, &buckets, &mut |t, id, k| namer.part(t, id, k));
+        let findings =
+            profiler::pipeline::detect(&agg, pid, &[], &config, &buckets, &table, &mut sym).unwrap();
         let t3 = Instant::now();
         std::hint::black_box((&per_slot, &findings));
         runs.push((t1 - t0, t2 - t1, t3 - t2, timeline.slots().len()));

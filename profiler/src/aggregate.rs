@@ -17,21 +17,12 @@ use profiler_ebpf::{
 use serde::Serialize;
 use symbolizer::Symbolizer;
 
+pub use crate::records::{syscall_wait_frame, waker_is_task, Interval, StackKey};
 use crate::{
     events::{comm_str, Event},
     intervals::IntervalStore,
     slots::Timeline,
 };
-
-/// A thread and the stack it was in.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub struct StackKey {
-    pub tgid: u32,
-    pub tid: u32,
-    pub comm: [u8; COMM_LEN],
-    pub user_stack_id: i32,
-    pub kernel_stack_id: i32,
-}
 
 /// Per-thread totals, for the summary.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -72,18 +63,6 @@ pub const SLOTS_PER_PASS: usize = 128;
 /// How many of the longest intervals the summary lists.
 const LONGEST_KEPT: usize = 20;
 
-/// The kernel part of an off-CPU stack that began in an interruptible
-/// sleep inside a waiting system call (`profiler_ebpf::WAIT_SYSCALLS`):
-/// not walked, one frame names the call. Names carry what the gap
-/// detector's cause classification looks for ("nanosleep", "poll",
-/// "select").
-pub fn syscall_wait_frame(nr: i32) -> String {
-    match crate::syscalls::name(nr) {
-        Some(name) => format!("[{name} wait: kernel path not walked]_[k]"),
-        None => format!("[syscall {nr} wait: kernel path not walked]_[k]"),
-    }
-}
-
 /// Everything counted so far.
 #[derive(Default)]
 pub struct Aggregator {
@@ -106,19 +85,6 @@ pub struct Aggregator {
     pub offcpu_ns: u64,
     /// Records that did not decode (never expected; counted, not trusted).
     pub malformed: u64,
-}
-
-/// An off-CPU interval as kept for bucketing.
-#[derive(Clone, Copy, Debug)]
-pub struct Interval {
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub key: StackKey,
-    /// Runnable but waiting for a CPU, not blocked.
-    pub preempted: bool,
-    /// When a blocked thread was woken (0: not seen); it waited for a CPU
-    /// from then to `end_ns`.
-    pub woken_ns: u64,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -374,28 +340,6 @@ impl Aggregator {
         Ok(())
     }
 
-    /// What the detectors read, from what was counted; `intervals` are
-    /// those of the threads the detectors look at
-    /// ([`Self::detector_intervals`]).
-    pub fn inputs<'a>(
-        &'a self,
-        pid: u32,
-        short_futex: &'a [(u64, u64, u64)],
-        thread_names: &'a HashMap<u32, String>,
-        intervals: &'a [Interval],
-    ) -> crate::detectors::Inputs<'a> {
-        crate::detectors::Inputs {
-            pid,
-            samples: &self.sample_log,
-            intervals,
-            madvise: &self.madvise_log,
-            futex: &self.futex_log,
-            loop_marks: &self.loop_marks,
-            short_futex,
-            thread_names,
-        }
-    }
-
     /// Every on-CPU sample: time and stack.
     pub fn samples(&self) -> &[(u64, StackKey)] {
         &self.sample_log
@@ -404,24 +348,6 @@ impl Aggregator {
     /// Every off-CPU interval.
     pub fn intervals(&self) -> &IntervalStore {
         &self.interval_log
-    }
-
-    /// The off-CPU intervals the detectors read: the loop thread's (the
-    /// gap detector's; the others read no intervals).
-    pub fn detector_intervals(
-        &self,
-        config: &crate::detectors::DetectorConfig,
-        thread_names: &HashMap<u32, String>,
-    ) -> std::io::Result<Vec<Interval>> {
-        let tids: Vec<u32> = self
-            .inputs(0, &[], thread_names, &[])
-            .loop_tid(config)
-            .into_iter()
-            .collect();
-        if tids.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.interval_log.of_threads(&tids)
     }
 
     /// Thread names by tid.
@@ -467,13 +393,6 @@ fn describe_waker(task: Option<&(String, u32)>, context: i32) -> Option<String> 
         }
         _ => task.map(|(comm, tid)| format!("{comm}/{tid}")),
     }
-}
-
-/// Whether a wakeup in `context` came from the task that was current (not
-/// from an interrupt that only found it running).
-pub fn waker_is_task(context: i32) -> bool {
-    use profiler_ebpf::waker;
-    context == waker::NOT_TAKEN || waker::is_task(context)
 }
 
 /// Turns stack ids into frames, root first, caching each stack.

@@ -109,7 +109,7 @@ pub struct ProfileArgs {
     /// session start; leader=K/M marks the first K of every M slots as
     /// this node's). Adds slots/, windows/ and index.html to the outputs.
     #[arg(long, value_name = "SOURCE")]
-    pub slot_source: Option<crate::slots::SlotSourceSpec>,
+    pub slot_source: Option<crate::slot_sources::SlotSourceSpec>,
     #[command(flatten)]
     pub detectors: DetectorArgs,
     #[command(flatten)]

@@ -170,7 +170,7 @@ pub struct Config {
     pub min_offcpu: Duration,
     /// See [`crate::probes::ProbeConfig::stack_repeat`].
     pub stack_repeat: Duration,
-    pub slot_source: Option<crate::slots::SlotSourceSpec>,
+    pub slot_source: Option<crate::slot_sources::SlotSourceSpec>,
     pub export_dir: PathBuf,
     pub full_export: FullExport,
     pub hourly_profiles: bool,
@@ -363,7 +363,7 @@ mod tests {
         assert_eq!(c.metrics_listen, "127.0.0.1:10440".parse().unwrap());
         assert!(matches!(
             c.slot_source,
-            Some(crate::slots::SlotSourceSpec::Rpc(_))
+            Some(crate::slot_sources::SlotSourceSpec::Rpc(_))
         ));
         let p = c.phase_probe.unwrap();
         assert_eq!(

@@ -18,7 +18,7 @@ use std::{
     path::Path,
 };
 
-use crate::aggregate::{Interval, StackKey};
+use crate::records::{Interval, StackKey};
 
 /// Intervals kept in memory before they go to the file (2 MiB).
 pub const IN_MEMORY: usize = 65_536;

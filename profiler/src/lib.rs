@@ -25,6 +25,7 @@ pub mod phase;
 pub mod pipeline;
 pub mod privileges;
 pub mod probes;
+pub mod records;
 pub mod report;
 pub mod ring_reader;
 pub mod run;

@@ -14,6 +14,7 @@ use crate::{
     aggregate::{Aggregator, StackNamer, StackTable},
     detectors::{self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs},
     memory_access::DecodeStats,
+    records::Interval,
     topology::Topology,
 };
 use profiler_ebpf::UserRegs;
@@ -31,8 +32,8 @@ pub fn detect(
     sym: &mut Symbolizer,
 ) -> std::io::Result<Vec<Finding>> {
     let thread_names = agg.thread_names();
-    let intervals = agg.detector_intervals(config, &thread_names)?;
-    let inputs = agg.inputs(pid, short_futex, &thread_names, &intervals);
+    let intervals = detector_intervals(agg, config, &thread_names)?;
+    let inputs = inputs(agg, pid, short_futex, &thread_names, &intervals);
     let mut namer = StackNamer::new(table, sym);
     Ok(detectors::run_all(
         &inputs,
@@ -40,6 +41,44 @@ pub fn detect(
         buckets,
         &mut |tgid, id, kernel| namer.part(tgid, id, kernel),
     ))
+}
+
+/// What the detectors read, from what `agg` counted; `intervals` are
+/// those of the threads the detectors look at ([`detector_intervals`]).
+pub fn inputs<'a>(
+    agg: &'a Aggregator,
+    pid: u32,
+    short_futex: &'a [(u64, u64, u64)],
+    thread_names: &'a HashMap<u32, String>,
+    intervals: &'a [Interval],
+) -> Inputs<'a> {
+    Inputs {
+        pid,
+        samples: agg.samples(),
+        intervals,
+        madvise: &agg.madvise_log,
+        futex: &agg.futex_log,
+        loop_marks: &agg.loop_marks,
+        short_futex,
+        thread_names,
+    }
+}
+
+/// The off-CPU intervals the detectors read: the loop thread's (the gap
+/// detector's; the others read no intervals).
+pub fn detector_intervals(
+    agg: &Aggregator,
+    config: &DetectorConfig,
+    thread_names: &HashMap<u32, String>,
+) -> std::io::Result<Vec<Interval>> {
+    let tids: Vec<u32> = inputs(agg, 0, &[], thread_names, &[])
+        .loop_tid(config)
+        .into_iter()
+        .collect();
+    if tids.is_empty() {
+        return Ok(Vec::new());
+    }
+    agg.intervals().of_threads(&tids)
 }
 
 /// What the cache-line detector saw and found.

@@ -19,8 +19,9 @@ use crate::{
     probes::{ProbeConfig, Probes, StackCache},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
     slot_export,
+    slot_sources::SlotSourceSpec,
     slot_sources::{rpc, SharedSlotLog},
-    slots::{monotonic_ns, SlotSourceSpec, Timeline},
+    slots::{monotonic_ns, Timeline},
     target::Target,
 };
 

@@ -101,7 +101,7 @@ pub fn detect(
         *a.waiter_stacks.entry((f.tid, f.user_stack_id)).or_default() += dur;
         // A wakeup from an interrupt (a timeout ran out) names no holder:
         // the "waker" there is whoever was interrupted.
-        if f.waker_tid != 0 && crate::aggregate::waker_is_task(f.waker_context) {
+        if f.waker_tid != 0 && crate::records::waker_is_task(f.waker_context) {
             *a.wakers.entry((f.waker_tid, f.waker_user_stack_id)).or_default() += 1;
             a.waker_names
                 .insert(f.waker_tid, crate::events::comm_str(&f.waker_comm));

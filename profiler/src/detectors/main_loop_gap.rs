@@ -106,7 +106,7 @@ pub fn detect(
         let gap = b - a;
         let mut runqueue = 0;
         let mut blocked: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut biggest_block: Option<(u64, &crate::aggregate::Interval)> = None;
+        let mut biggest_block: Option<(u64, &crate::records::Interval)> = None;
         for i in &intervals {
             let o = overlap(a, b, i.start_ns, i.end_ns);
             if o == 0 {
@@ -241,13 +241,13 @@ pub fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::Interval, detectors::test_support::*};
+    use crate::{detectors::test_support::*, records::Interval};
 
     const MS: u64 = 1_000_000;
 
     #[test]
     fn the_unwalked_futex_wait_frame_is_a_lock_wait() {
-        let frames = vec![crate::aggregate::syscall_wait_frame(libc::SYS_futex as i32)];
+        let frames = vec![crate::records::syscall_wait_frame(libc::SYS_futex as i32)];
         assert_eq!(blocked_on(&frames), "lock wait (futex)");
     }
 
@@ -299,7 +299,7 @@ mod tests {
     }
 
     fn inputs<'a>(
-        samples: &'a [(u64, crate::aggregate::StackKey)],
+        samples: &'a [(u64, crate::records::StackKey)],
         intervals: &'a [Interval],
         madvise: &'a [profiler_ebpf::MadviseCall],
         marks: &'a [profiler_ebpf::LoopMark],

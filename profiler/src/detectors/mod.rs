@@ -16,7 +16,7 @@ use profiler_ebpf::{FutexWait, LoopMark, MadviseCall};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Interval, StackKey},
+    records::{Interval, StackKey},
     slots::Timeline,
 };
 

@@ -36,8 +36,9 @@ use crate::{
     events::Event,
     metrics::{self, Snapshot},
     probes::{ProbeConfig, Probes, StackCache},
+    slot_sources::SlotSourceSpec,
     slot_sources::{rpc, SharedSlotLog},
-    slots::{monotonic_ns, Slot, SlotSourceSpec, Timeline},
+    slots::{monotonic_ns, Slot, Timeline},
     target::Target,
 };
 

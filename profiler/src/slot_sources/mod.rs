@@ -4,6 +4,9 @@
 //! [`Timeline`] that everything is cut along.
 
 pub mod rpc;
+mod spec;
+
+pub use spec::{SlotNumbers, SlotSourceSpec};
 
 use std::sync::{Arc, Mutex};
 
@@ -118,7 +121,11 @@ impl SlotLog {
     /// closest to it (within half a slot), or by counting on from the
     /// previous one (back from the first the RPC numbers; from 0 when it
     /// numbers none).
-    pub fn uprobe_timeline(&self, numbers: crate::slots::SlotNumbers, session_end_ns: u64) -> Timeline {
+    pub fn uprobe_timeline(
+        &self,
+        numbers: crate::slot_sources::SlotNumbers,
+        session_end_ns: u64,
+    ) -> Timeline {
         let rpc_len = self.measured_slot_ns();
         let rpc = self.sorted_starts();
         let mut marks = self.marks.clone();
@@ -142,8 +149,8 @@ impl SlotLog {
         let mut prev: Option<u64> = None;
         for (i, (t, arg0)) in marks.into_iter().enumerate() {
             let n = match numbers {
-                crate::slots::SlotNumbers::FirstArgument => arg0,
-                crate::slots::SlotNumbers::Counter => match (from_rpc[i], prev, first_numbered) {
+                crate::slot_sources::SlotNumbers::FirstArgument => arg0,
+                crate::slot_sources::SlotNumbers::Counter => match (from_rpc[i], prev, first_numbered) {
                     (Some(n), _, _) => n,
                     (None, Some(p), _) => p + 1,
                     (None, None, Some((j, n))) => match n.checked_sub((j - i) as u64) {
@@ -295,7 +302,7 @@ mod tests {
 
     #[test]
     fn uprobe_marks_take_numbers_from_rpc_or_count() {
-        use crate::slots::SlotNumbers;
+        use crate::slot_sources::SlotNumbers;
         let mut l = log(&[(1004, 2 * MS), (1005, 402 * MS), (1006, 801 * MS)]);
         l.marks = vec![(0, 77), (400 * MS, 78), (800 * MS, 79), (1200 * MS, 80)];
         let t = l.uprobe_timeline(SlotNumbers::Counter, 1500 * MS);
