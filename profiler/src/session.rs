@@ -76,372 +76,595 @@ enum Stop {
 }
 
 /// Runs a session against `target` (and, for `record`, its held child).
-pub async fn run(
-    opts: &SessionOptions,
-    mut target: Target,
-    mut held: Option<HeldChild>,
-) -> anyhow::Result<Outcome> {
-    // First: a Ctrl-C or SIGTERM while the probes load (seconds in an
-    // emulated VM, most of a second on a validator's 77 MB executable) ends
-    // the session at its first turn, with its outputs; a listener made
-    // later would not see it.
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-    // The slot source runs beside the session and logs what it sees.
-    let slot_log = SharedSlotLog::default();
-    let mut source_task = match &opts.slot_source {
-        Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
-            Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
-        }
-        _ => None,
-    };
-    let loop_uprobe = match &opts.loop_symbol {
-        Some(function) => {
-            let exe = opts.exe.clone().or_else(|| target.exe.clone()).with_context(|| {
-                format!("--loop-symbol: cannot find the executable of pid {}", target.pid)
-            })?;
-            Some(uprobe_target(&exe, function)?)
-        }
-        None => None,
-    };
-    let slot_uprobe = match &opts.slot_source {
-        Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
-        _ => None,
-    };
+pub async fn run(opts: &SessionOptions, target: Target, held: Option<HeldChild>) -> anyhow::Result<Outcome> {
+    let mut live = Live::start(opts, target, held).await?;
+    let stop = live.pump(opts).await?;
+    let collected = live.collect(opts)?;
+    report(opts, collected, stop).await
+}
 
-    let mut probes = Probes::load(&ProbeConfig {
-        tgid: target.pid,
-        min_offcpu: opts.min_offcpu,
-        stack_repeat: opts.stack_repeat,
-        freq_hz: opts.freq_hz,
-        probe_stats: opts.probe_stats,
-        slot_uprobe,
-        loop_uprobe,
-        detector_probes: opts.detector_probes,
-    })?;
-    // Said now, when it matters, and kept for the summary (not said twice).
-    let mut attach_warnings: Vec<String> = probes
-        .status
-        .iter()
-        .filter(|p| !p.attached)
-        .map(|p| {
-            format!(
-                "{} on {} did not attach ({}); profiling without it",
-                p.program,
-                p.event,
-                p.error.as_deref().unwrap_or("unknown error")
-            )
-        })
-        .collect();
-    attach_warnings.extend(crate::privileges::kernel_symbols_warning());
-    let kernel_thread = target.is_kernel_thread();
-    if kernel_thread {
-        attach_warnings.push(format!(
-            "pid {} ({}) is a kernel thread: it has no user space, so there are no user stacks and \
-             nothing for the slot, allocator or lock detectors; only its kernel stacks and off-CPU \
-             time are profiled (to profile the validator, give its pid: `pgrep -f agave-validator`)",
-            target.pid, target.comm
-        ));
-    }
-    for w in &attach_warnings {
-        eprintln!("slotprof: warning: {w}");
-    }
-    let mut ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
-    let started = Instant::now();
-    let started_mono = monotonic_ns();
-    let started_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+/// A session while it runs: the probes, the event stream and everything
+/// counted from it.
+struct Live {
+    sigterm: tokio::signal::unix::Signal,
+    sigint: tokio::signal::unix::Signal,
+    /// What the slot source saw (and the slot uprobe's marks).
+    slot_log: SharedSlotLog,
+    source_task: Option<crate::background::Background>,
+    probes: Probes,
+    ring: crate::ring_reader::RingReader,
+    target: Target,
+    held: Option<HeldChild>,
+    kernel_thread: bool,
+    /// Said when they happened, and kept for the summary.
+    attach_warnings: Vec<String>,
+    started: Instant,
+    started_mono: u64,
+    started_unix: Duration,
+    sym: Symbolizer,
+    execs: Vec<report::ExecSummary>,
+    fp_scan: Option<tokio::task::JoinHandle<Option<symbolizer::frame_pointers::FramePointerScan>>>,
+    phase_probe: Option<crate::phase::probe::RunningProbe>,
+    saved: Option<std::io::BufWriter<std::fs::File>>,
+    progress: bool,
+    agg: Aggregator,
+    exited_after: Option<Duration>,
+    maps_errors: MapsErrors,
+    stacks: StackCache,
+    /// Stack ids seen since the last stack epoch began, and in the one
+    /// before: what a new epoch may empty from the kernel.
+    recent_ids: [Vec<i32>; 2],
+}
 
-    if let Some(h) = &held {
-        let byte = [1u8];
-        let n = unsafe { libc::write(h.release.as_raw_fd(), byte.as_ptr().cast(), 1) };
-        if n != 1 {
-            anyhow::bail!("could not start the command: {}", std::io::Error::last_os_error());
-        }
-        target = wait_for_exec(&target).await;
-    }
-    let mut sym = symbolizer_for(target.pid)?;
-    let mut execs: Vec<report::ExecSummary> = Vec::new();
-    // The prologue scan reads the whole executable (a validator's is 77 MB:
-    // most of a second): beside the loop, which must drain the ring from
-    // the first moment (it filled while the scan ran first).
-    let fp_scan = target
-        .exe
-        .clone()
-        .map(|exe| tokio::task::spawn_blocking(move || symbolizer::frame_pointers::scan(&exe).ok()));
-
-    let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
-    let mut saved = match &opts.save_events {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p)
-                .with_context(|| format!("--save-events: cannot create {}", p.display()))?,
-        )),
-        None => None,
-    };
-    let progress = std::io::stderr().is_terminal();
-    let mut agg = Aggregator::new();
-    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut ticks = 0u64;
-    let mut exited_after = None;
-    let mut maps_errors = MapsErrors::default();
-
-    // Stack ids seen since the last stack epoch began, and in the one
-    // before: what a new epoch may empty from the kernel.
-    let mut stacks = StackCache::default();
-    let mut recent_ids: [Vec<i32>; 2] = Default::default();
-    let stop = loop {
-        tokio::select! {
-            batch = ring.recv() => match batch {
-                Some(batch) => feed(&batch, &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user),
-                None => anyhow::bail!("the ring buffer's reader thread ended"),
-            },
-            _ = sleep_until(deadline) => break Stop::Duration,
-            _ = sigint.recv() => break Stop::Interrupted,
-            _ = sigterm.recv() => break Stop::Interrupted,
-            status = wait_child(&mut held) => {
-                let _ = status;
-                exited_after = Some(started.elapsed());
-                break Stop::TargetExited;
+impl Live {
+    /// Loads and attaches the probes, says what did not attach, starts the
+    /// event stream (and, for `record`, the held command).
+    async fn start(
+        opts: &SessionOptions,
+        mut target: Target,
+        held: Option<HeldChild>,
+    ) -> anyhow::Result<Live> {
+        // First: a Ctrl-C or SIGTERM while the probes load (seconds in an
+        // emulated VM, most of a second on a validator's 77 MB executable)
+        // ends the session at its first turn, with its outputs; a listener
+        // made later would not see it.
+        let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+        let sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+        // The slot source runs beside the session and logs what it sees.
+        let slot_log = SharedSlotLog::default();
+        let source_task = match &opts.slot_source {
+            Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
+                Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
             }
-            _ = tick.tick() => {
-                ticks += 1;
-                if held.is_none() && !target.is_alive() {
-                    exited_after = Some(started.elapsed());
-                    break Stop::TargetExited;
+            _ => None,
+        };
+        let loop_uprobe = match &opts.loop_symbol {
+            Some(function) => {
+                let exe = opts.exe.clone().or_else(|| target.exe.clone()).with_context(|| {
+                    format!("--loop-symbol: cannot find the executable of pid {}", target.pid)
+                })?;
+                Some(uprobe_target(&exe, function)?)
+            }
+            None => None,
+        };
+        let slot_uprobe = match &opts.slot_source {
+            Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
+            _ => None,
+        };
+
+        let mut probes = Probes::load(&ProbeConfig {
+            tgid: target.pid,
+            min_offcpu: opts.min_offcpu,
+            stack_repeat: opts.stack_repeat,
+            freq_hz: opts.freq_hz,
+            probe_stats: opts.probe_stats,
+            slot_uprobe,
+            loop_uprobe,
+            detector_probes: opts.detector_probes,
+        })?;
+        // Said now, when it matters, and kept for the summary (not said twice).
+        let mut attach_warnings: Vec<String> = probes
+            .status
+            .iter()
+            .filter(|p| !p.attached)
+            .map(|p| {
+                format!(
+                    "{} on {} did not attach ({}); profiling without it",
+                    p.program,
+                    p.event,
+                    p.error.as_deref().unwrap_or("unknown error")
+                )
+            })
+            .collect();
+        attach_warnings.extend(crate::privileges::kernel_symbols_warning());
+        let kernel_thread = target.is_kernel_thread();
+        if kernel_thread {
+            attach_warnings.push(format!(
+                "pid {} ({}) is a kernel thread: it has no user space, so there are no user stacks and \
+                 nothing for the slot, allocator or lock detectors; only its kernel stacks and off-CPU \
+                 time are profiled (to profile the validator, give its pid: `pgrep -f agave-validator`)",
+                target.pid, target.comm
+            ));
+        }
+        for w in &attach_warnings {
+            eprintln!("slotprof: warning: {w}");
+        }
+        let ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
+        let started = Instant::now();
+        let started_mono = monotonic_ns();
+        let started_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+
+        if let Some(h) = &held {
+            let byte = [1u8];
+            let n = unsafe { libc::write(h.release.as_raw_fd(), byte.as_ptr().cast(), 1) };
+            if n != 1 {
+                anyhow::bail!("could not start the command: {}", std::io::Error::last_os_error());
+            }
+            target = wait_for_exec(&target).await;
+        }
+        let sym = symbolizer_for(target.pid)?;
+        // The prologue scan reads the whole executable (a validator's is 77
+        // MB: most of a second): beside the loop, which must drain the ring
+        // from the first moment (it filled while the scan ran first).
+        let fp_scan = target
+            .exe
+            .clone()
+            .map(|exe| tokio::task::spawn_blocking(move || symbolizer::frame_pointers::scan(&exe).ok()));
+
+        let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
+        let saved = match &opts.save_events {
+            Some(p) => Some(std::io::BufWriter::new(
+                std::fs::File::create(p)
+                    .with_context(|| format!("--save-events: cannot create {}", p.display()))?,
+            )),
+            None => None,
+        };
+        Ok(Live {
+            sigterm,
+            sigint,
+            slot_log,
+            source_task,
+            probes,
+            ring,
+            target,
+            held,
+            kernel_thread,
+            attach_warnings,
+            started,
+            started_mono,
+            started_unix,
+            sym,
+            execs: Vec::new(),
+            fp_scan,
+            phase_probe,
+            saved,
+            progress: std::io::stderr().is_terminal(),
+            agg: Aggregator::new(),
+            exited_after: None,
+            maps_errors: MapsErrors::default(),
+            stacks: StackCache::default(),
+            recent_ids: Default::default(),
+        })
+    }
+
+    /// Feeds the event stream into the aggregator until the duration ends,
+    /// a signal comes or the target exits; every 250 ms the maintenance of
+    /// [`Self::tick`].
+    async fn pump(&mut self, opts: &SessionOptions) -> anyhow::Result<Stop> {
+        let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut ticks = 0u64;
+        loop {
+            tokio::select! {
+                batch = self.ring.recv() => match batch {
+                    Some(batch) => feed(
+                        &batch,
+                        &mut self.agg,
+                        &self.slot_log,
+                        self.saved.as_mut(),
+                        &mut self.recent_ids[0],
+                        &mut self.stacks.user,
+                    ),
+                    None => anyhow::bail!("the ring buffer's reader thread ended"),
+                },
+                _ = sleep_until(deadline) => return Ok(Stop::Duration),
+                _ = self.sigint.recv() => return Ok(Stop::Interrupted),
+                _ = self.sigterm.recv() => return Ok(Stop::Interrupted),
+                status = wait_child(&mut self.held) => {
+                    let _ = status;
+                    self.exited_after = Some(self.started.elapsed());
+                    return Ok(Stop::TargetExited);
                 }
-                if ticks.is_multiple_of(4) {
-                    if let Some((comm, exe)) = target.exec_since() {
-                        let seen = report::ExecSummary {
-                            seen_after_s: started.elapsed().as_secs_f64(),
-                            from_comm: target.comm.clone(),
-                            from_exe: target.exe.clone(),
-                            comm,
-                            exe,
-                        };
-                        let w = format!(
-                            "the target exec()ed {} ({}) {:.1} s into the session (it ran {} before): \
-                             the profile holds both programs, and the summary names the new one",
-                            seen.exe.as_deref().map_or("?".into(), |e| e.display().to_string()),
-                            seen.comm,
-                            seen.seen_after_s,
-                            seen.from_exe.as_deref().map_or(seen.from_comm.clone(), |e| e.display().to_string()),
-                        );
-                        eprintln!("slotprof: warning: {w}");
-                        attach_warnings.push(w);
-                        if let Ok(now) = Target::from_pid(target.pid) {
-                            target = now;
-                        }
-                        execs.push(seen);
+                _ = tick.tick() => {
+                    ticks += 1;
+                    if self.held.is_none() && !self.target.is_alive() {
+                        self.exited_after = Some(self.started.elapsed());
+                        return Ok(Stop::TargetExited);
                     }
+                    self.tick(opts, ticks)?;
                 }
-                if ticks <= 8 || ticks.is_multiple_of(4) {
-                    // New libraries may have been mapped since the last look
-                    // (often, right after start; then once a second).
-                    if let Err(e) = sym.track_process(target.pid) {
-                        maps_errors.note(target.pid, &e);
-                    }
+            }
+        }
+    }
+
+    /// Every 250 ms: an exec of the target noticed, new mappings read,
+    /// the queue drained, user stacks due handed over, a stack epoch
+    /// rotated, the progress line.
+    fn tick(&mut self, opts: &SessionOptions, ticks: u64) -> anyhow::Result<()> {
+        let target = &mut self.target;
+        if ticks.is_multiple_of(4) {
+            if let Some((comm, exe)) = target.exec_since() {
+                let seen = report::ExecSummary {
+                    seen_after_s: self.started.elapsed().as_secs_f64(),
+                    from_comm: target.comm.clone(),
+                    from_exe: target.exe.clone(),
+                    comm,
+                    exe,
+                };
+                let w = format!(
+                    "the target exec()ed {} ({}) {:.1} s into the session (it ran {} before): \
+                     the profile holds both programs, and the summary names the new one",
+                    seen.exe
+                        .as_deref()
+                        .map_or("?".into(), |e| e.display().to_string()),
+                    seen.comm,
+                    seen.seen_after_s,
+                    seen.from_exe
+                        .as_deref()
+                        .map_or(seen.from_comm.clone(), |e| e.display().to_string()),
+                );
+                eprintln!("slotprof: warning: {w}");
+                self.attach_warnings.push(w);
+                if let Ok(now) = Target::from_pid(target.pid) {
+                    *target = now;
                 }
+                self.execs.push(seen);
+            }
+        }
+        if ticks <= 8 || ticks.is_multiple_of(4) {
+            // New libraries may have been mapped since the last look
+            // (often, right after start; then once a second).
+            if let Err(e) = self.sym.track_process(target.pid) {
+                self.maps_errors.note(target.pid, &e);
+            }
+        }
+        let (agg, slot_log, recent_ids, stacks) = (
+            &mut self.agg,
+            &self.slot_log,
+            &mut self.recent_ids,
+            &mut self.stacks,
+        );
+        drain(
+            &mut self.ring,
+            agg,
+            slot_log,
+            self.saved.as_mut(),
+            &mut recent_ids[0],
+            &mut stacks.user,
+        );
+        stacks
+            .user
+            .expire(&mut |e| ingest(agg, slot_log, &mut recent_ids[0], e));
+        self.probes.set_stack_tops(&stacks.user.take_stack_tops());
+        let in_flight = self.probes.in_flight_offcpu();
+        let still_needed = recent_ids
+            .iter()
+            .flatten()
+            .copied()
+            .chain(in_flight.iter().flat_map(|(_, s)| s.stack_ids()));
+        stacks.rotate(&mut self.probes, still_needed)?;
+        recent_ids.rotate_left(1);
+        recent_ids[0].clear();
+        if self.progress && ticks.is_multiple_of(4) {
+            let lost = self.probes.counters().map(|c| c.lost()).unwrap_or(0) + self.ring.dropped();
+            show_progress(self.started.elapsed(), opts.duration, &self.agg, lost);
+        }
+        Ok(())
+    }
+
+    /// Stops the phase probe, drains what is left, counts the threads
+    /// still asleep, reads the counters and stack maps back, and detaches
+    /// the probes: what the analysis and the outputs read.
+    fn collect(self, opts: &SessionOptions) -> anyhow::Result<Collected> {
+        let Live {
+            slot_log,
+            mut source_task,
+            probes,
+            mut ring,
+            target,
+            kernel_thread,
+            attach_warnings,
+            started,
+            started_mono,
+            started_unix,
+            mut sym,
+            execs,
+            fp_scan,
+            phase_probe,
+            mut saved,
+            progress,
+            mut agg,
+            exited_after,
+            mut maps_errors,
+            mut stacks,
+            mut recent_ids,
+            ..
+        } = self;
+        let elapsed = started.elapsed();
+        let phase_windows = phase_probe.map(|p| p.stop()).unwrap_or_default();
+        let phases: Vec<crate::phase::analysis::CpuPhases> = opts
+            .phase_probe
+            .iter()
+            .flat_map(|c| {
+                c.cpus
+                    .iter()
+                    .filter_map(|&cpu| crate::phase::analysis::analyze_cpu(cpu, &phase_windows, c.every))
+            })
+            .collect();
+        let kernel_ring = ring.finish();
+        drain(
+            &mut ring,
+            &mut agg,
+            &slot_log,
+            saved.as_mut(),
+            &mut recent_ids[0],
+            &mut stacks.user,
+        );
+        stacks
+            .user
+            .flush(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
+        if let Some(mut w) = saved.take() {
+            w.flush().context("--save-events")?;
+        }
+        if progress {
+            eprint!("\r\x1b[K");
+        }
+
+        // Threads of a live target that are off-CPU right now: their
+        // interval so far counts too, or a thread asleep for the whole
+        // session would be missing.
+        let target_alive = exited_after.is_none() && target.is_alive();
+        if target_alive {
+            let now = monotonic_ns();
+            for (tid, start) in probes.in_flight_offcpu() {
+                let alive = std::path::Path::new(&format!("/proc/{}/task/{tid}", target.pid)).exists();
+                if start.tgid != target.pid
+                    || !alive
+                    || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64
                 {
-                    drain(&mut ring, &mut agg, &slot_log, saved.as_mut(), &mut recent_ids[0], &mut stacks.user);
-                    stacks.user.expire(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
-                    probes.set_stack_tops(&stacks.user.take_stack_tops());
-                    let in_flight = probes.in_flight_offcpu();
-                    let still_needed = recent_ids.iter().flatten().copied().chain(in_flight.iter().flat_map(
-                        |(_, s)| s.stack_ids(),
-                    ));
-                    stacks.rotate(&mut probes, still_needed)?;
-                    recent_ids.rotate_left(1);
-                    recent_ids[0].clear();
+                    continue;
                 }
-                if progress && ticks.is_multiple_of(4) {
-                    let lost = probes.counters().map(|c| c.lost()).unwrap_or(0) + ring.dropped();
-                    show_progress(started.elapsed(), opts.duration, &agg, lost);
-                }
+                let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid))
+                    .unwrap_or_default();
+                let mut start = start;
+                // Still asleep: no system call exit will copy its stack; it
+                // is read from /proc while the thread is blocked.
+                (start.user_stack_id, start.kernel_stack_id) =
+                    stacks.user.of_sleeper(target.pid, tid, &start);
+                agg.still_off_cpu(tid, &start, now, comm.trim_end());
+            }
+            // Code mapped since the last tick (the last second) is known too.
+            if let Err(e) = sym.track_process(target.pid) {
+                maps_errors.note(target.pid, &e);
             }
         }
-    };
-    let elapsed = started.elapsed();
-    let phase_windows = phase_probe.map(|p| p.stop()).unwrap_or_default();
-    let phases: Vec<crate::phase::analysis::CpuPhases> = opts
-        .phase_probe
-        .iter()
-        .flat_map(|c| {
-            c.cpus
-                .iter()
-                .filter_map(|&cpu| crate::phase::analysis::analyze_cpu(cpu, &phase_windows, c.every))
-        })
-        .collect();
-    // The CPU that shows the slow phase most.
-    let strongest = phases
-        .iter()
-        .max_by(|a, b| a.slowdown.total_cmp(&b.slowdown))
-        .cloned();
-    let phase_of = |ts: u64| -> Option<&'static str> {
-        let p = strongest.as_ref().filter(|p| p.slowdown >= 0.05)?;
-        crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
-    };
-    let kernel_ring = ring.finish();
-    drain(
-        &mut ring,
-        &mut agg,
-        &slot_log,
-        saved.as_mut(),
-        &mut recent_ids[0],
-        &mut stacks.user,
-    );
-    stacks
-        .user
-        .flush(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
-    if let Some(mut w) = saved.take() {
-        w.flush().context("--save-events")?;
-    }
-    if progress {
-        eprint!("\r\x1b[K");
-    }
-
-    // Threads of a live target that are off-CPU right now: their interval so
-    // far counts too, or a thread asleep for the whole session would be missing.
-    let target_alive = exited_after.is_none() && target.is_alive();
-    if target_alive {
-        let now = monotonic_ns();
-        for (tid, start) in probes.in_flight_offcpu() {
-            let alive = std::path::Path::new(&format!("/proc/{}/task/{tid}", target.pid)).exists();
-            if start.tgid != target.pid
-                || !alive
-                || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64
-            {
-                continue;
-            }
-            let comm =
-                std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid)).unwrap_or_default();
-            let mut start = start;
-            // Still asleep: no system call exit will copy its stack; it is
-            // read from /proc while the thread is blocked.
-            (start.user_stack_id, start.kernel_stack_id) = stacks.user.of_sleeper(target.pid, tid, &start);
-            agg.still_off_cpu(tid, &start, now, comm.trim_end());
-        }
-    }
-
-    if target_alive {
-        // Code mapped since the last tick (the last second) is known too.
-        if let Err(e) = sym.track_process(target.pid) {
-            maps_errors.note(target.pid, &e);
-        }
-    }
-    let counters = probes.counters()?;
-    let unwinding;
-    let unwind_warnings;
-    let stacks: StackTable = {
+        let counters = probes.counters()?;
         let table = stacks.table(
             &probes,
             agg.stack_ids().context("reading back the off-CPU intervals")?,
         );
-        unwinding = report::Unwinding::new(&stacks.user, &counters);
-        unwind_warnings = stacks.user.unwinder.take_warnings();
-        table
-    };
-    let probe_status = probes.status.clone();
-    let short_futex = probes.short_futex_waits();
-    let probe_cost = opts
-        .probe_stats
-        .then(|| report::ProbeCost::new(probes.costs(), elapsed));
-    // Detach and unload now: nothing below needs the kernel side.
-    let backlog_full = ring.dropped();
-    drop(ring);
-    drop(kernel_ring);
-    drop(probes);
+        let unwinding = report::Unwinding::new(&stacks.user, &counters);
+        let unwind_warnings = stacks.user.unwinder.take_warnings();
+        let probe_status = probes.status.clone();
+        let short_futex = probes.short_futex_waits();
+        let probe_cost = opts
+            .probe_stats
+            .then(|| report::ProbeCost::new(probes.costs(), elapsed));
+        // Detach and unload now: nothing below needs the kernel side.
+        let backlog_full = ring.dropped();
+        drop(ring);
+        drop(kernel_ring);
+        drop(probes);
+        if let Some(t) = &mut source_task {
+            t.abort();
+        }
+        Ok(Collected {
+            slot_log,
+            target,
+            kernel_thread,
+            attach_warnings,
+            started_mono,
+            started_unix,
+            elapsed,
+            sym,
+            execs,
+            fp_scan,
+            agg,
+            exited_after,
+            phase_windows,
+            phases,
+            counters,
+            table,
+            unwinding,
+            unwind_warnings,
+            probe_status,
+            short_futex,
+            probe_cost,
+            backlog_full,
+        })
+    }
+}
 
-    let profiles = agg
-        .resolve(&stacks, &mut sym)
+/// A session once its probes are detached: what it counted and read back.
+struct Collected {
+    slot_log: SharedSlotLog,
+    target: Target,
+    kernel_thread: bool,
+    attach_warnings: Vec<String>,
+    started_mono: u64,
+    started_unix: Duration,
+    elapsed: Duration,
+    sym: Symbolizer,
+    execs: Vec<report::ExecSummary>,
+    fp_scan: Option<tokio::task::JoinHandle<Option<symbolizer::frame_pointers::FramePointerScan>>>,
+    agg: Aggregator,
+    exited_after: Option<Duration>,
+    phase_windows: Vec<crate::phase::probe::Window>,
+    phases: Vec<crate::phase::analysis::CpuPhases>,
+    counters: crate::probes::Counters,
+    table: StackTable,
+    unwinding: report::Unwinding,
+    unwind_warnings: Vec<String>,
+    probe_status: Vec<crate::probes::ProbeStatus>,
+    short_futex: Vec<(u64, u64, u64)>,
+    probe_cost: Option<report::ProbeCost>,
+    backlog_full: u64,
+}
+
+impl Collected {
+    /// The slots of the session, from its slot source.
+    fn timeline(&self, opts: &SessionOptions) -> Timeline {
+        let ended_mono = self.started_mono + self.elapsed.as_nanos() as u64;
+        match &opts.slot_source {
+            Some(SlotSourceSpec::Clock {
+                slot,
+                origin_ns,
+                leader,
+            }) => Timeline::clock(
+                *slot,
+                origin_ns.unwrap_or(self.started_mono),
+                *leader,
+                self.started_mono,
+                ended_mono,
+            ),
+            Some(SlotSourceSpec::Rpc(_)) => self.slot_log.lock().unwrap().timeline(ended_mono),
+            Some(SlotSourceSpec::Uprobe { numbers, .. }) => self
+                .slot_log
+                .lock()
+                .unwrap()
+                .uprobe_timeline(*numbers, ended_mono),
+            None => Timeline::default(),
+        }
+    }
+}
+
+/// "slow" or "fast" at `ts` by the CPU that shows the slow phase most
+/// (None without a slow phase of 5% or more).
+fn phase_at(phases: &[crate::phase::analysis::CpuPhases], ts: u64) -> Option<&'static str> {
+    let p = phases
+        .iter()
+        .max_by(|a, b| a.slowdown.total_cmp(&b.slowdown))
+        .filter(|p| p.slowdown >= 0.05)?;
+    crate::phase::analysis::slow_at(p, ts).map(|slow| if slow { "slow" } else { "fast" })
+}
+
+/// What the session's analysis made of what it collected.
+struct Analysis {
+    profiles: crate::aggregate::Profiles,
+    subtitle: String,
+    meta: ProfileMeta,
+    timeline: Timeline,
+    findings: Vec<detectors::Finding>,
+    cache_lines: Option<report::CacheLines>,
+    frame_pointers: FramePointers,
+}
+
+/// Names the stacks, cuts the slots, runs the detectors, judges the frame
+/// pointers.
+async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Analysis> {
+    let profiles = c
+        .agg
+        .resolve(&c.table, &mut c.sym)
         .context("reading back the off-CPU intervals")?;
-    let longest_offcpu = agg.longest_intervals();
     let subtitle = format!(
         "{} (pid {}), {:.1} s at {} Hz, slotprof {}",
-        target.comm,
-        target.pid,
-        elapsed.as_secs_f64(),
+        c.target.comm,
+        c.target.pid,
+        c.elapsed.as_secs_f64(),
         opts.freq_hz,
         crate::VERSION
     );
     let meta = ProfileMeta {
-        time_nanos: started_unix.as_nanos() as i64,
-        duration_nanos: elapsed.as_nanos() as i64,
+        time_nanos: c.started_unix.as_nanos() as i64,
+        duration_nanos: c.elapsed.as_nanos() as i64,
         period_type: Some(SampleType::new("cpu", "nanoseconds")),
         period: (1_000_000_000 / opts.freq_hz.max(1)) as i64,
         comments: vec![subtitle.clone()],
     };
-    let ended_mono = started_mono + elapsed.as_nanos() as u64;
-    if let Some(t) = &mut source_task {
-        t.abort();
-    }
-    let timeline = match &opts.slot_source {
-        Some(SlotSourceSpec::Clock {
-            slot,
-            origin_ns,
-            leader,
-        }) => Timeline::clock(
-            *slot,
-            origin_ns.unwrap_or(started_mono),
-            *leader,
-            started_mono,
-            ended_mono,
-        ),
-        Some(SlotSourceSpec::Rpc(_)) => slot_log.lock().unwrap().timeline(ended_mono),
-        Some(SlotSourceSpec::Uprobe { numbers, .. }) => {
-            slot_log.lock().unwrap().uprobe_timeline(*numbers, ended_mono)
-        }
-        None => Timeline::default(),
-    };
-    let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), started_mono);
+    let timeline = c.timeline(opts);
+    let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), c.started_mono);
     let topology = match &opts.detectors.topology {
         Some(file) => crate::topology::Topology::from_file(file)?,
         None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
     };
     let mut findings = crate::pipeline::detect(
-        &agg,
-        target.pid,
-        &short_futex,
+        &c.agg,
+        c.target.pid,
+        &c.short_futex,
         &opts.detectors,
         &buckets,
-        &stacks,
-        &mut sym,
+        &c.table,
+        &mut c.sym,
     )
     .context("reading back the off-CPU intervals")?;
-    let thread_names = agg.thread_names();
-    let cache_lines = crate::pipeline::cache_lines(
-        &agg.user_regs,
-        target.pid,
-        &thread_names,
+    let found = crate::pipeline::cache_lines(
+        &c.agg.user_regs,
+        c.target.pid,
+        &c.agg.thread_names(),
         &topology,
         opts.detectors.pingpong_threshold,
-        &mut sym,
+        &mut c.sym,
     );
-    findings.extend(cache_lines.findings);
-
-    let exe_label = target
+    findings.extend(found.findings);
+    let cache_lines = Some(report::CacheLines {
+        path: crate::topology::cache_line_path(),
+        topology: topology.source.clone(),
+        samples_with_registers: c.agg.user_regs.len(),
+        decoded_accesses: found.accesses,
+        decoding: found.decoding,
+    });
+    let exe_label = c
+        .target
         .exe
         .as_ref()
         .and_then(|e| e.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let frame_pointers = FramePointers::judge(
-        target.exe.clone(),
-        match fp_scan {
+        c.target.exe.clone(),
+        match c.fp_scan.take() {
             Some(t) => t.await.ok().flatten(),
             None => None,
         },
         profiles.median_user_depth,
-        unwinding.has_cfi(&exe_label),
+        c.unwinding.has_cfi(&exe_label),
     );
+    Ok(Analysis {
+        profiles,
+        subtitle,
+        meta,
+        timeline,
+        findings,
+        cache_lines,
+        frame_pointers,
+    })
+}
 
-    let mut warnings = unwind_warnings;
-    warnings.extend(agg.intervals().file_error().map(str::to_string));
-    if let Some(advice) = &frame_pointers.advice {
+/// The session's warnings: those said while it ran (returned apart, not
+/// to be said again) and those of its end.
+fn warnings_of(
+    opts: &SessionOptions,
+    c: &mut Collected,
+    a: &Analysis,
+    lost: &Lost,
+) -> (Vec<String>, Vec<String>) {
+    let mut warnings = std::mem::take(&mut c.unwind_warnings);
+    warnings.extend(c.agg.intervals().file_error().map(str::to_string));
+    if let Some(advice) = &a.frame_pointers.advice {
         warnings.push(advice.clone());
     }
-    let lost = Lost::new(&counters, agg.malformed, backlog_full);
     if lost.total > 0 {
         warnings.push(format!(
             "{} events were lost (ring buffer full: {}, slotprof's queue full: {}, stacks: {}, off-CPU map full: {}, \
@@ -455,20 +678,46 @@ pub async fn run(
             lost.malformed_records
         ));
     }
-    let mut printed = attach_warnings;
-    printed.extend(slot_log.lock().unwrap().warnings.iter().cloned());
+    let mut printed = std::mem::take(&mut c.attach_warnings);
+    printed.extend(c.slot_log.lock().unwrap().warnings.iter().cloned());
     warnings.extend(printed.iter().cloned());
-    if opts.slot_source.is_some() && timeline.slots().is_empty() {
+    if opts.slot_source.is_some() && a.timeline.slots().is_empty() {
         warnings.push("the slot source gave no slot during the session: no per-slot output".to_string());
     }
-    if let Some(after) = exited_after {
+    if let Some(after) = c.exited_after {
         warnings.push(format!(
             "the target exited {:.1} s into the session; the profile covers the time it ran",
             after.as_secs_f64()
         ));
     }
-    let summary_path = opts.out.join("summary.json");
-    let mut summary = Summary {
+    (printed, warnings)
+}
+
+/// Analyses what the session collected, then writes its outputs: the
+/// summary first (small, so that a full disk still leaves it), then the
+/// profiles, findings, per-slot files and trace, and the summary again
+/// with what was written and what was not.
+async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::Result<Outcome> {
+    let a = analyze(opts, &mut c).await?;
+    let lost = Lost::new(&c.counters, c.agg.malformed, c.backlog_full);
+    let (printed, warnings) = warnings_of(opts, &mut c, &a, &lost);
+    let mut a = a;
+    let summary = summary_of(opts, &mut c, &mut a, lost, stop, warnings);
+    write_outputs(opts, &mut c, a, summary, printed)
+}
+
+/// The summary of a session (its outputs not written yet).
+fn summary_of(
+    opts: &SessionOptions,
+    c: &mut Collected,
+    a: &mut Analysis,
+    lost: Lost,
+    stop: Stop,
+    warnings: Vec<String>,
+) -> Summary {
+    let thread_names = c.agg.thread_names();
+    let target = &c.target;
+    Summary {
         slotprof_version: crate::VERSION,
         kernel: report::kernel_release(),
         command: opts.command,
@@ -476,12 +725,12 @@ pub async fn run(
             pid: target.pid,
             comm: target.comm.clone(),
             exe: target.exe.clone(),
-            exited: exited_after.is_some(),
-            exited_after_s: exited_after.map(|d| d.as_secs_f64()),
-            kernel_thread,
-            execs,
+            exited: c.exited_after.is_some(),
+            exited_after_s: c.exited_after.map(|d| d.as_secs_f64()),
+            kernel_thread: c.kernel_thread,
+            execs: std::mem::take(&mut c.execs),
         },
-        duration_s: elapsed.as_secs_f64(),
+        duration_s: c.elapsed.as_secs_f64(),
         ended_by: match stop {
             Stop::Duration => "duration",
             Stop::Interrupted => "interrupted",
@@ -489,64 +738,74 @@ pub async fn run(
         },
         freq_hz: opts.freq_hz,
         min_offcpu_ms: opts.min_offcpu.as_secs_f64() * 1e3,
-        probes: probe_status,
-        probe_cost,
+        probes: std::mem::take(&mut c.probe_status),
+        probe_cost: c.probe_cost.take(),
         counts: Counts {
-            oncpu_samples: agg.samples,
-            offcpu_intervals: agg.offcpu_intervals,
-            offcpu_ns: agg.offcpu_ns,
-            oncpu_stacks: profiles.oncpu.len(),
-            offcpu_stacks: profiles.offcpu.len(),
-            offcpu_interval_file_bytes: agg.intervals().file_bytes(),
+            oncpu_samples: c.agg.samples,
+            offcpu_intervals: c.agg.offcpu_intervals,
+            offcpu_ns: c.agg.offcpu_ns,
+            oncpu_stacks: a.profiles.oncpu.len(),
+            offcpu_stacks: a.profiles.offcpu.len(),
+            offcpu_interval_file_bytes: c.agg.intervals().file_bytes(),
             peak_rss_bytes: report::peak_rss_bytes(),
-            kernel_samples: counters.samples,
+            kernel_samples: c.counters.samples,
         },
         lost,
-        frame_pointers,
-        unwinding,
-        threads: agg.threads().into_iter().take(64).collect(),
-        longest_offcpu,
+        frame_pointers: std::mem::take(&mut a.frame_pointers),
+        unwinding: std::mem::take(&mut c.unwinding),
+        threads: c.agg.threads().into_iter().take(64).collect(),
+        longest_offcpu: c.agg.longest_intervals(),
         findings: {
             let mut by_kind = std::collections::BTreeMap::new();
-            for f in &findings {
+            for f in &a.findings {
                 *by_kind.entry(f.kind).or_insert(0u64) += 1;
             }
             by_kind
         },
-        madvise_by_thread: report::madvise_by_thread(&agg.madvise_log, &thread_names),
-        phase_probe: opts.phase_probe.as_ref().map(|c| {
-            let in_slow = |ts: u64| phase_of(ts) == Some("slow");
+        madvise_by_thread: report::madvise_by_thread(&c.agg.madvise_log, &thread_names),
+        phase_probe: opts.phase_probe.as_ref().map(|p| {
+            let in_slow = |ts: u64| phase_at(&c.phases, ts) == Some("slow");
             report::PhaseProbe {
-                every_ms: c.every.as_secs_f64() * 1e3,
-                burst_ms: c.burst.as_secs_f64() * 1e3,
-                windows: phase_windows.len(),
-                cpus: phases.clone(),
-                slow_slots: timeline
+                every_ms: p.every.as_secs_f64() * 1e3,
+                burst_ms: p.burst.as_secs_f64() * 1e3,
+                windows: c.phase_windows.len(),
+                cpus: c.phases.clone(),
+                slow_slots: a
+                    .timeline
                     .slots()
                     .iter()
                     .filter(|s| in_slow(s.start_ns + s.duration_ns() / 2))
                     .count(),
-                slots: timeline.slots().len(),
-                findings_in_slow_phase: findings.iter().filter(|f| in_slow(f.start_ns)).count(),
-                findings: findings.len(),
+                slots: a.timeline.slots().len(),
+                findings_in_slow_phase: a.findings.iter().filter(|f| in_slow(f.start_ns)).count(),
+                findings: a.findings.len(),
             }
         }),
-        cache_lines: report::CacheLines {
-            path: crate::topology::cache_line_path(),
-            topology: topology.source.clone(),
-            samples_with_registers: agg.user_regs.len(),
-            decoded_accesses: cache_lines.accesses,
-            decoding: cache_lines.decoding,
-        },
+        cache_lines: a
+            .cache_lines
+            .take()
+            .expect("the analysis's cache-line counts, taken once"),
         tlb: report::Tlb {
-            flushes: counters.tlb_local,
-            shootdown_ipis: counters.tlb_ipis,
+            flushes: c.counters.tlb_local,
+            shootdown_ipis: c.counters.tlb_ipis,
         },
         complete: false,
         outputs: Vec::new(),
         missing: Vec::new(),
         warnings,
-    };
+    }
+}
+
+/// Writes the summary, then every output, then the summary again saying
+/// what is there.
+fn write_outputs(
+    opts: &SessionOptions,
+    c: &mut Collected,
+    a: Analysis,
+    mut summary: Summary,
+    printed: Vec<String>,
+) -> anyhow::Result<Outcome> {
+    let summary_path = opts.out.join("summary.json");
     // The summary first (small): a disk that fills while the profiles are
     // written leaves it saying what is there and what is not.
     std::fs::create_dir_all(&opts.out)
@@ -574,9 +833,9 @@ pub async fn run(
     };
     for (path, result) in report::write_profiles_each(
         &opts.out,
-        &profiles,
-        &meta,
-        &subtitle,
+        &a.profiles,
+        &a.meta,
+        &a.subtitle,
         crate::output::write_atomic,
     ) {
         attempt(path, result);
@@ -584,20 +843,22 @@ pub async fn run(
     let findings_path = opts.out.join("findings.json");
     attempt(
         findings_path.clone(),
-        serde_json::to_vec_pretty(&findings)
+        serde_json::to_vec_pretty(&a.findings)
             .map_err(anyhow::Error::from)
             .and_then(|json| crate::output::write_atomic(&findings_path, &json)),
     );
     if opts.slot_source.is_some() {
         let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
-        let slot_phase = |s: &crate::slots::Slot| phase_of(s.start_ns + s.duration_ns() / 2);
-        let mut writer = slot_export::SlotWriter::new(&opts.out, &findings, &slot_phase, &meta, period_ns);
-        let slots = agg
-            .resolve_slots_each(&timeline, &stacks, &mut sym, |i, p| {
-                writer.add(&timeline.slots()[i], p)
+        let slot_phase = |s: &crate::slots::Slot| phase_at(&c.phases, s.start_ns + s.duration_ns() / 2);
+        let mut writer =
+            slot_export::SlotWriter::new(&opts.out, &a.findings, &slot_phase, &a.meta, period_ns);
+        let slots = c
+            .agg
+            .resolve_slots_each(&a.timeline, &c.table, &mut c.sym, |i, p| {
+                writer.add(&a.timeline.slots()[i], p)
             })
             .and_then(|()| writer.finish());
-        let has_windows = timeline.slots().iter().any(|s| s.window.is_some());
+        let has_windows = a.timeline.slots().iter().any(|s| s.window.is_some());
         match slots {
             Ok(_) => {
                 attempt(opts.out.join("slots/"), Ok(()));
@@ -618,11 +879,11 @@ pub async fn run(
         crate::output::write_atomic_with(&trace_path, |w| {
             slot_export::write_trace(
                 w,
-                target.pid,
-                &target.comm,
-                &timeline,
-                agg.samples(),
-                agg.intervals(),
+                c.target.pid,
+                &c.target.comm,
+                &a.timeline,
+                c.agg.samples(),
+                c.agg.intervals(),
             )
         }),
     );
