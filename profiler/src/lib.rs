@@ -8,6 +8,7 @@
 //! drives it for `attach` and `record`.
 
 pub mod aggregate;
+pub mod attach;
 pub mod background;
 pub mod btf;
 pub mod cli;

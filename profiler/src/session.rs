@@ -19,8 +19,8 @@ use crate::{
     probes::{ProbeConfig, Probes, StackCache},
     report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
     slot_export,
+    slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
-    slot_sources::{rpc, SharedSlotLog},
     slots::{monotonic_ns, Timeline},
     target::Target,
 };
@@ -130,52 +130,30 @@ impl Live {
         // made later would not see it.
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-        // The slot source runs beside the session and logs what it sees.
-        let slot_log = SharedSlotLog::default();
-        let source_task = match &opts.slot_source {
-            Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
-                Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
-            }
-            _ => None,
-        };
-        let loop_uprobe = match &opts.loop_symbol {
-            Some(function) => {
-                let exe = opts.exe.clone().or_else(|| target.exe.clone()).with_context(|| {
-                    format!("--loop-symbol: cannot find the executable of pid {}", target.pid)
-                })?;
-                Some(uprobe_target(&exe, function)?)
-            }
-            None => None,
-        };
-        let slot_uprobe = match &opts.slot_source {
-            Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
-            _ => None,
-        };
-
-        let mut probes = Probes::load(&ProbeConfig {
-            tgid: target.pid,
-            min_offcpu: opts.min_offcpu,
-            stack_repeat: opts.stack_repeat,
-            freq_hz: opts.freq_hz,
-            probe_stats: opts.probe_stats,
-            slot_uprobe,
-            loop_uprobe,
-            detector_probes: opts.detector_probes,
-        })?;
+        let crate::attach::Attached {
+            probes,
+            ring,
+            slot_log,
+            source_task,
+            not_attached,
+        } = crate::attach::attach(
+            &target,
+            opts.slot_source.as_ref(),
+            opts.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
+            opts.exe.as_deref(),
+            ProbeConfig {
+                tgid: target.pid,
+                min_offcpu: opts.min_offcpu,
+                stack_repeat: opts.stack_repeat,
+                freq_hz: opts.freq_hz,
+                probe_stats: opts.probe_stats,
+                slot_uprobe: None,
+                loop_uprobe: None,
+                detector_probes: opts.detector_probes,
+            },
+        )?;
         // Said now, when it matters, and kept for the summary (not said twice).
-        let mut attach_warnings: Vec<String> = probes
-            .status
-            .iter()
-            .filter(|p| !p.attached)
-            .map(|p| {
-                format!(
-                    "{} on {} did not attach ({}); profiling without it",
-                    p.program,
-                    p.event,
-                    p.error.as_deref().unwrap_or("unknown error")
-                )
-            })
-            .collect();
+        let mut attach_warnings = not_attached;
         attach_warnings.extend(crate::privileges::kernel_symbols_warning());
         let kernel_thread = target.is_kernel_thread();
         if kernel_thread {
@@ -189,7 +167,6 @@ impl Live {
         for w in &attach_warnings {
             eprintln!("slotprof: warning: {w}");
         }
-        let ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
         let started = Instant::now();
         let started_mono = monotonic_ns();
         let started_unix = std::time::SystemTime::now()
@@ -917,20 +894,6 @@ pub(crate) fn symbolizer_for(pid: u32) -> anyhow::Result<Symbolizer> {
     sym.track_process(pid)
         .with_context(|| format!("cannot read /proc/{pid}/maps (does slotprof have CAP_SYS_PTRACE?)"))?;
     Ok(sym)
-}
-
-/// Where a uprobe on `function` of `binary` goes: (binary, file offset,
-/// `binary:demangled name` for messages).
-pub(crate) fn uprobe_target(
-    binary: &std::path::Path,
-    function: &str,
-) -> anyhow::Result<(PathBuf, u64, String)> {
-    let f = symbolizer::functions::find(binary, function)?;
-    Ok((
-        binary.to_path_buf(),
-        f.file_offset,
-        format!("{}:{}", binary.display(), f.name),
-    ))
 }
 
 /// After releasing a held child: its view once it has exec'd the command

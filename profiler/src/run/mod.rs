@@ -36,8 +36,8 @@ use crate::{
     events::Event,
     metrics::{self, Snapshot},
     probes::{ProbeConfig, Probes, StackCache},
+    slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
-    slot_sources::{rpc, SharedSlotLog},
     slots::{monotonic_ns, Slot, Timeline},
     target::Target,
 };
@@ -132,13 +132,13 @@ async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
     }
     if config.slot_source != running.slot_source {
         if let Some(SlotSourceSpec::Uprobe { binary, function, .. }) = &config.slot_source {
-            crate::session::uprobe_target(binary, function).context("slots.source")?;
+            crate::attach::uprobe_target(binary, function).context("slots.source")?;
         }
     }
     let loop_changed = config.loop_symbol != running.loop_symbol || config.target != running.target;
     if let (true, Some(f), Ok(target)) = (loop_changed, &config.loop_symbol, find_target(&config.target)) {
         if let Some(exe) = &target.exe {
-            crate::session::uprobe_target(exe, f).context("detectors.loop_symbol")?;
+            crate::attach::uprobe_target(exe, f).context("detectors.loop_symbol")?;
         }
     }
     let listener = if config.metrics_listen != running.metrics_listen {
@@ -568,6 +568,30 @@ struct Phase {
 }
 
 impl Phase {
+    /// Starts the phase probe on the configured CPUs (all online ones by
+    /// default).
+    fn start(c: &crate::config::PhaseConfig) -> Phase {
+        let cpus = c.cpus.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/sys/devices/system/cpu/online")
+                .ok()
+                .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
+                .unwrap_or_default()
+        });
+        let pc = crate::phase::probe::ProbeConfig {
+            cpus: cpus.clone(),
+            every: c.every,
+            burst: c.burst,
+        };
+        Phase {
+            probe: crate::phase::probe::start(&pc),
+            every: c.every,
+            cpus,
+            windows: Default::default(),
+            strongest: None,
+            analysed: None,
+        }
+    }
+
     fn of(&mut self, ts: u64) -> Option<&'static str> {
         let new = self.probe.take();
         self.windows.extend(new);
@@ -602,81 +626,7 @@ async fn follow(
     signals: &mut Signals,
     lost_before: &mut HashMap<String, u64>,
 ) -> anyhow::Result<End> {
-    let slot_source = config.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
-        slot: Duration::from_millis(400),
-        origin_ns: None,
-        leader: None,
-    });
-    let slot_log = SharedSlotLog::default();
-    let source_task = match &slot_source {
-        SlotSourceSpec::Rpc(ep) | SlotSourceSpec::Uprobe { rpc: Some(ep), .. } => {
-            Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
-        }
-        _ => None,
-    };
-    let loop_uprobe = match (&config.loop_symbol, &target.exe) {
-        (Some(f), Some(exe)) => Some(crate::session::uprobe_target(exe, f)?),
-        (Some(_), None) => anyhow::bail!(
-            "detectors.loop_symbol: cannot find the executable of pid {}",
-            target.pid
-        ),
-        _ => None,
-    };
-    let slot_uprobe = match &slot_source {
-        SlotSourceSpec::Uprobe { binary, function, .. } => {
-            Some(crate::session::uprobe_target(binary, function)?)
-        }
-        _ => None,
-    };
-    let mut probes = Probes::load(&ProbeConfig {
-        tgid: target.pid,
-        min_offcpu: config.min_offcpu,
-        stack_repeat: config.stack_repeat,
-        freq_hz: config.frequency_hz,
-        probe_stats: false,
-        slot_uprobe,
-        loop_uprobe,
-        detector_probes: true,
-    })?;
-    for p in probes.status.iter().filter(|p| !p.attached) {
-        eprintln!(
-            "slotprof: warning: {} on {} did not attach ({}); profiling without it",
-            p.program,
-            p.event,
-            p.error.as_deref().unwrap_or("unknown error")
-        );
-    }
-    // Said at the first attach, not again at each target restart.
-    static KALLSYMS_SAID: std::sync::Once = std::sync::Once::new();
-    KALLSYMS_SAID.call_once(|| {
-        if let Some(w) = crate::privileges::kernel_symbols_warning() {
-            eprintln!("slotprof: warning: {w}");
-        }
-    });
-    let mut ring = crate::ring_reader::RingReader::start(probes.take_events()?)?;
-    let origin = monotonic_ns();
-    eprintln!(
-        "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
-        target.comm,
-        target.pid,
-        config.frequency_hz,
-        config.export_dir.display()
-    );
-    let source_name = match &slot_source {
-        SlotSourceSpec::Rpc(_) => "rpc",
-        SlotSourceSpec::Uprobe { .. } => "uprobe",
-        _ => "clock",
-    };
-    let source_health = |log: &SharedSlotLog| match &slot_source {
-        SlotSourceSpec::Rpc(_) | SlotSourceSpec::Uprobe { rpc: Some(_), .. } => log.lock().unwrap().healthy,
-        _ => true,
-    };
-    {
-        let mut s = snapshot.lock().unwrap();
-        s.slot_source = source_name;
-        s.slot_source_healthy = source_health(&slot_log);
-        s.target_attached = true;
-    }
+    let mut f = Follow::start(config, &target, snapshot)?;
     // Attached until this function returns, however it returns.
     let _attached = Attached(snapshot.clone());
     crate::sd_notify::notify(&format!(
@@ -685,35 +635,6 @@ async fn follow(
         target.pid,
         config.export_dir.display()
     ));
-    let mut sym = crate::session::symbolizer_for(target.pid)?;
-    let mut maps_errors = crate::session::MapsErrors::default();
-    let mut phase = config.phase_probe.as_ref().map(|c| {
-        let cpus = c.cpus.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/sys/devices/system/cpu/online")
-                .ok()
-                .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
-                .unwrap_or_default()
-        });
-        let pc = crate::phase::probe::ProbeConfig {
-            cpus: cpus.clone(),
-            every: c.every,
-            burst: c.burst,
-        };
-        Phase {
-            probe: crate::phase::probe::start(&pc),
-            every: c.every,
-            cpus,
-            windows: Default::default(),
-            strongest: None,
-            analysed: None,
-        }
-    });
-    let mut pending = Pending::default();
-    let mut stacks = StackCache::default();
-    let mut processed_until = origin;
-    let mut tick = tokio::time::interval(TICK);
-    let mut ticks = 0u64;
-    let mut losses = LossReport::default();
     let detectors = detector_config(config);
     let topology = match &detectors.topology {
         Some(file) => crate::topology::Topology::from_file(file)?,
@@ -727,13 +648,14 @@ async fn follow(
         exporter,
         snapshot,
     };
+    let mut tick = tokio::time::interval(TICK);
     let end = loop {
         tokio::select! {
-            batch = ring.recv() => match batch {
+            batch = f.ring.recv() => match batch {
                 Some(batch) => {
                     let began = std::time::Instant::now();
-                    feed(&batch, &mut pending, &slot_log, &mut stacks.user);
-                    losses.busy(began.elapsed(), ring.queued_bytes());
+                    feed(&batch, &mut f.pending, &f.slot_log, &mut f.stacks.user);
+                    f.losses.busy(began.elapsed(), f.ring.queued_bytes());
                 }
                 None => anyhow::bail!("the ring buffer's reader thread ended"),
             },
@@ -753,96 +675,260 @@ async fn follow(
                 e => break e,
             },
             _ = tick.tick() => {
-                // Everything this tick does counts as busy (the maps
-                // re-read, the drain and the slots' processing alike).
-                let began = std::time::Instant::now();
-                ticks += 1;
                 signals.watchdog.ping();
-                // Twice a second: whether the target lives (a /proc read)
-                // and the kernel's loss counters (a map read per CPU); at
-                // 20 ticks a second these were ~5% of slotprof's own CPU.
-                let now_and_then = ticks.is_multiple_of(10);
-                let alive = !now_and_then || target.is_alive();
-                if ticks.is_multiple_of(20) {
-                    if let Err(e) = sym.track_process(target.pid) {
-                        maps_errors.note(target.pid, &e);
-                    }
-                }
-                if ticks.is_multiple_of(200) {
-                    give_back_freed_memory();
-                }
-                if ticks.is_multiple_of(20) && sym.release_idle(SYMBOLS_IDLE) {
-                    snapshot.lock().unwrap().symbol_releases += 1;
-                }
-                // What the reader has read up to, taken before the queue is
-                // drained: a slot ending after it may still have records in
-                // the kernel's ring (the reader drains it every 10 ms).
-                let synced = ring.synced_ns();
-                drain(&mut ring, &mut pending, &slot_log, &mut stacks.user);
-                stacks.user.expire(&mut |e| pending.push(&slot_log, e));
-                probes.set_stack_tops(&stacks.user.take_stack_tops());
-                // A slot is cut once every record that began in it is
-                // here: one still waiting for its thread's stack copy (a
-                // system call that slept more than once exits late; at
-                // most 2 s) holds its slot back instead of arriving after
-                // it and being dropped as late.
-                let now = monotonic_ns().min(synced);
-                let ready = stacks.user.oldest_held_start_ns().map_or(now, |t| now.min(t + GRACE_NS));
-                let done = finished_slots(&slot_source, &slot_log, origin, processed_until, ready);
-                if !done.is_empty() {
-                    processed_until = chunk.process(&done, processed_until, &mut pending, &mut probes, &mut stacks, &mut sym, phase.as_mut())?;
-                    slot_log.lock().unwrap().forget_before(processed_until.saturating_sub(20_000_000_000), 64);
-                }
-                chunk.exporter.refresh(false);
-                losses.busy(began.elapsed(), ring.queued_bytes());
-                if now_and_then {
-                    {
-                        let mut s = snapshot.lock().unwrap();
-                        s.slot_source_healthy = source_health(&slot_log);
-                        s.export_paused = chunk.exporter.paused();
-                    }
-                    let now = update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, false);
-                    if let Some(line) = now.and_then(|now| losses.check(&now, done.first().map(|s| s.number))) {
-                        eprintln!("{line}");
-                    }
-                }
-                if !alive {
+                if !f.tick(&mut chunk, lost_before)? {
                     break End::TargetExited;
                 }
             }
         }
     };
-    // What ended before now is written; the slot in progress is not (it
-    // would be a partial slot).
-    let kernel_ring = ring.finish();
-    drain(&mut ring, &mut pending, &slot_log, &mut stacks.user);
-    stacks.user.flush(&mut |e| pending.push(&slot_log, e));
-    let now = monotonic_ns() + GRACE_NS;
-    let done = finished_slots(&slot_source, &slot_log, origin, processed_until, now);
-    if !done.is_empty() {
-        chunk.process(
-            &done,
-            processed_until,
-            &mut pending,
-            &mut probes,
-            &mut stacks,
-            &mut sym,
-            phase.as_mut(),
-        )?;
-    }
-    update_lost(snapshot, &probes, &pending, ring.dropped(), lost_before, true);
-    if let Some(mut t) = source_task {
-        t.abort();
-    }
-    if let Some(p) = phase {
-        p.probe.stop();
-    }
-    drop(ring);
-    drop(kernel_ring);
-    drop(probes);
-    let meta = meta(&target, &chunk.config);
-    chunk.exporter.flush(&meta)?;
+    f.finish(&mut chunk, lost_before)?;
     Ok(end)
+}
+
+/// One target followed by `slotprof run`: its probes and event stream,
+/// the events waiting for their slot to end, and how far slots are done.
+struct Follow {
+    slot_source: SlotSourceSpec,
+    probes: Probes,
+    ring: crate::ring_reader::RingReader,
+    slot_log: SharedSlotLog,
+    source_task: Option<crate::background::Background>,
+    /// When following began (CLOCK_MONOTONIC ns): a clock source's origin.
+    origin: u64,
+    sym: Symbolizer,
+    maps_errors: crate::session::MapsErrors,
+    phase: Option<Phase>,
+    pending: Pending,
+    stacks: StackCache,
+    /// Slots are processed up to here.
+    processed_until: u64,
+    ticks: u64,
+    losses: LossReport,
+}
+
+impl Follow {
+    /// Attaches to `target`, starts its slot source and the phase probe.
+    fn start(config: &Config, target: &Target, snapshot: &Arc<Mutex<Snapshot>>) -> anyhow::Result<Follow> {
+        let slot_source = config.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
+            slot: Duration::from_millis(400),
+            origin_ns: None,
+            leader: None,
+        });
+        let crate::attach::Attached {
+            probes,
+            ring,
+            slot_log,
+            source_task,
+            not_attached,
+        } = crate::attach::attach(
+            target,
+            Some(&slot_source),
+            config
+                .loop_symbol
+                .as_deref()
+                .map(|f| ("detectors.loop_symbol", f)),
+            None,
+            ProbeConfig {
+                tgid: target.pid,
+                min_offcpu: config.min_offcpu,
+                stack_repeat: config.stack_repeat,
+                freq_hz: config.frequency_hz,
+                probe_stats: false,
+                slot_uprobe: None,
+                loop_uprobe: None,
+                detector_probes: true,
+            },
+        )?;
+        for w in &not_attached {
+            eprintln!("slotprof: warning: {w}");
+        }
+        // Said at the first attach, not again at each target restart.
+        static KALLSYMS_SAID: std::sync::Once = std::sync::Once::new();
+        KALLSYMS_SAID.call_once(|| {
+            if let Some(w) = crate::privileges::kernel_symbols_warning() {
+                eprintln!("slotprof: warning: {w}");
+            }
+        });
+        let origin = monotonic_ns();
+        eprintln!(
+            "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
+            target.comm,
+            target.pid,
+            config.frequency_hz,
+            config.export_dir.display()
+        );
+        let f = Follow {
+            slot_source,
+            probes,
+            ring,
+            slot_log,
+            source_task,
+            origin,
+            sym: crate::session::symbolizer_for(target.pid)?,
+            maps_errors: crate::session::MapsErrors::default(),
+            phase: config.phase_probe.as_ref().map(Phase::start),
+            pending: Pending::default(),
+            stacks: StackCache::default(),
+            processed_until: origin,
+            ticks: 0,
+            losses: LossReport::default(),
+        };
+        let mut s = snapshot.lock().unwrap();
+        s.slot_source = match &f.slot_source {
+            SlotSourceSpec::Rpc(_) => "rpc",
+            SlotSourceSpec::Uprobe { .. } => "uprobe",
+            _ => "clock",
+        };
+        s.slot_source_healthy = f.source_healthy();
+        s.target_attached = true;
+        drop(s);
+        Ok(f)
+    }
+
+    /// Whether the slot source is giving slots (a clock always is).
+    fn source_healthy(&self) -> bool {
+        match &self.slot_source {
+            SlotSourceSpec::Rpc(_) | SlotSourceSpec::Uprobe { rpc: Some(_), .. } => {
+                self.slot_log.lock().unwrap().healthy
+            }
+            _ => true,
+        }
+    }
+
+    /// Every tick: the queue drained, finished slots processed and
+    /// exported, now and then the maps, the losses and the metrics'
+    /// gauges. False once the target is gone.
+    fn tick(&mut self, chunk: &mut Chunk, lost_before: &mut HashMap<String, u64>) -> anyhow::Result<bool> {
+        // Everything this tick does counts as busy (the maps re-read, the
+        // drain and the slots' processing alike).
+        let began = std::time::Instant::now();
+        self.ticks += 1;
+        let (ticks, pid, snapshot) = (self.ticks, chunk.target.pid, chunk.snapshot);
+        // Twice a second: whether the target lives (a /proc read) and the
+        // kernel's loss counters (a map read per CPU); at 20 ticks a second
+        // these were ~5% of slotprof's own CPU.
+        let now_and_then = ticks.is_multiple_of(10);
+        let alive = !now_and_then || chunk.target.is_alive();
+        if ticks.is_multiple_of(20) {
+            if let Err(e) = self.sym.track_process(pid) {
+                self.maps_errors.note(pid, &e);
+            }
+        }
+        if ticks.is_multiple_of(200) {
+            give_back_freed_memory();
+        }
+        if ticks.is_multiple_of(20) && self.sym.release_idle(SYMBOLS_IDLE) {
+            snapshot.lock().unwrap().symbol_releases += 1;
+        }
+        // What the reader has read up to, taken before the queue is
+        // drained: a slot ending after it may still have records in the
+        // kernel's ring (the reader drains it every 10 ms).
+        let synced = self.ring.synced_ns();
+        let (pending, slot_log) = (&mut self.pending, &self.slot_log);
+        drain(&mut self.ring, pending, slot_log, &mut self.stacks.user);
+        self.stacks.user.expire(&mut |e| pending.push(slot_log, e));
+        self.probes.set_stack_tops(&self.stacks.user.take_stack_tops());
+        // A slot is cut once every record that began in it is here: one
+        // still waiting for its thread's stack copy (a system call that
+        // slept more than once exits late; at most 2 s) holds its slot back
+        // instead of arriving after it and being dropped as late.
+        let now = monotonic_ns().min(synced);
+        let ready = self
+            .stacks
+            .user
+            .oldest_held_start_ns()
+            .map_or(now, |t| now.min(t + GRACE_NS));
+        let done = finished_slots(
+            &self.slot_source,
+            &self.slot_log,
+            self.origin,
+            self.processed_until,
+            ready,
+        );
+        if !done.is_empty() {
+            self.process(chunk, &done)?;
+            self.slot_log
+                .lock()
+                .unwrap()
+                .forget_before(self.processed_until.saturating_sub(20_000_000_000), 64);
+        }
+        chunk.exporter.refresh(false);
+        self.losses.busy(began.elapsed(), self.ring.queued_bytes());
+        if now_and_then {
+            {
+                let mut s = snapshot.lock().unwrap();
+                s.slot_source_healthy = self.source_healthy();
+                s.export_paused = chunk.exporter.paused();
+            }
+            let now = update_lost(
+                snapshot,
+                &self.probes,
+                &self.pending,
+                self.ring.dropped(),
+                lost_before,
+                false,
+            );
+            if let Some(line) = now.and_then(|now| self.losses.check(&now, done.first().map(|s| s.number))) {
+                eprintln!("{line}");
+            }
+        }
+        Ok(alive)
+    }
+
+    /// Aggregates, detects and exports `done` (finished, consecutive).
+    fn process(&mut self, chunk: &mut Chunk, done: &[Slot]) -> anyhow::Result<()> {
+        self.processed_until = chunk.process(
+            done,
+            self.processed_until,
+            &mut self.pending,
+            &mut self.probes,
+            &mut self.stacks,
+            &mut self.sym,
+            self.phase.as_mut(),
+        )?;
+        Ok(())
+    }
+
+    /// What ended before now is written; the slot in progress is not (it
+    /// would be a partial slot). Then the probes are detached and the
+    /// export flushed.
+    fn finish(mut self, chunk: &mut Chunk, lost_before: &mut HashMap<String, u64>) -> anyhow::Result<()> {
+        let kernel_ring = self.ring.finish();
+        let (pending, slot_log) = (&mut self.pending, &self.slot_log);
+        drain(&mut self.ring, pending, slot_log, &mut self.stacks.user);
+        self.stacks.user.flush(&mut |e| pending.push(slot_log, e));
+        let now = monotonic_ns() + GRACE_NS;
+        let done = finished_slots(
+            &self.slot_source,
+            &self.slot_log,
+            self.origin,
+            self.processed_until,
+            now,
+        );
+        if !done.is_empty() {
+            self.process(chunk, &done)?;
+        }
+        update_lost(
+            chunk.snapshot,
+            &self.probes,
+            &self.pending,
+            self.ring.dropped(),
+            lost_before,
+            true,
+        );
+        if let Some(mut t) = self.source_task.take() {
+            t.abort();
+        }
+        if let Some(p) = self.phase.take() {
+            p.probe.stop();
+        }
+        drop(self.ring);
+        drop(kernel_ring);
+        drop(self.probes);
+        let meta = meta(chunk.target, &chunk.config);
+        chunk.exporter.flush(&meta)
+    }
 }
 
 /// Marks the target attached in /metrics while alive; detached when
