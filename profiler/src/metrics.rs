@@ -179,14 +179,24 @@ fn escape(v: &str) -> String {
 /// Renders the text exposition format.
 pub fn render(s: &Snapshot, own: &Process) -> String {
     let mut out = String::new();
-    let section = |out: &mut String, name: &str, kind: &str, help: &str, lines: Vec<String>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for l in lines {
-            let _ = writeln!(out, "{l}");
-        }
-    };
+    counters(&mut out, s);
+    gauges(&mut out, s);
+    process(&mut out, own);
+    out
+}
+
+/// One metric: its HELP and TYPE lines, then its samples.
+fn section(out: &mut String, name: &str, kind: &str, help: &str, lines: Vec<String>) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for l in lines {
+        let _ = writeln!(out, "{l}");
+    }
+}
+
+/// What slotprof found, sampled, lost and exported so far.
+fn counters(out: &mut String, s: &Snapshot) {
     section(
-        &mut out,
+        out,
         "slotprof_findings_total",
         "counter",
         "Findings so far, by kind.",
@@ -196,7 +206,7 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
             .collect(),
     );
     section(
-        &mut out,
+        out,
         "slotprof_lost_events_total",
         "counter",
         "Events that did not reach slotprof whole, by cause.",
@@ -206,7 +216,7 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
             .collect(),
     );
     section(
-        &mut out,
+        out,
         "slotprof_samples_total",
         "counter",
         "cpu-clock samples of the target.",
@@ -228,14 +238,14 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
     lines.push(format!("slotprof_slot_duration_seconds_sum {}", h.sum));
     lines.push(format!("slotprof_slot_duration_seconds_count {}", h.count));
     section(
-        &mut out,
+        out,
         "slotprof_slot_duration_seconds",
         "histogram",
         "Slot lengths as the slot source saw them.",
         lines,
     );
     section(
-        &mut out,
+        out,
         "slotprof_slots_exported_total",
         "counter",
         "Slots exported in full, or as one summary line.",
@@ -251,7 +261,7 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
         ],
     );
     section(
-        &mut out,
+        out,
         "slotprof_slots_not_exported_total",
         "counter",
         "Slots not exported: the export file system below its free-space floor, or the slot's write failed.",
@@ -267,28 +277,28 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
         ],
     );
     section(
-        &mut out,
+        out,
         "slotprof_export_write_errors_total",
         "counter",
         "Writes of the export that failed (slots, windows, the hour's profiles, the index); slotprof goes on.",
         vec![format!("slotprof_export_write_errors_total {}", s.export_write_errors)],
     );
     section(
-        &mut out,
+        out,
         "slotprof_export_bytes",
         "gauge",
         "Bytes the export directory holds.",
         vec![format!("slotprof_export_bytes {}", s.export_bytes)],
     );
     section(
-        &mut out,
+        out,
         "slotprof_stacks_emptied_total",
         "counter",
         "Stacks emptied from the kernel's stack maps as they took turns (each map is emptied every other slot).",
         vec![format!("slotprof_stacks_emptied_total {}", s.stacks_emptied)],
     );
     section(
-        &mut out,
+        out,
         "slotprof_user_stacks_total",
         "counter",
         "User stacks unwound (from copies, with the modules' CFI), by how they ended: complete (the thread's first frame), truncated (128 frames), stack_copy_ended, no_unwind_info, unwind_error.",
@@ -297,22 +307,27 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
             .map(|(e, n)| format!("slotprof_user_stacks_total{{end=\"{}\"}} {n}", escape(e)))
             .collect(),
     );
+}
+
+/// The state an alert reads: tables held, the build, attached, healthy,
+/// paused, the last export.
+fn gauges(out: &mut String, s: &Snapshot) {
     section(
-        &mut out,
+        out,
         "slotprof_unwind_table_bytes",
         "gauge",
         "Bytes of unwind tables (.eh_frame, .debug_frame) held for the target's modules.",
         vec![format!("slotprof_unwind_table_bytes {}", s.unwind_table_bytes)],
     );
     section(
-        &mut out,
+        out,
         "slotprof_symbol_table_releases_total",
         "counter",
         "Times the parsed symbol tables (debug info, kernel symbols) were released after a minute unused; a lookup after that parses them again.",
         vec![format!("slotprof_symbol_table_releases_total {}", s.symbol_releases)],
     );
     section(
-        &mut out,
+        out,
         "slotprof_build_info",
         "gauge",
         "slotprof's version (always 1).",
@@ -323,14 +338,14 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
     );
     let flag = |b: bool| u8::from(b);
     section(
-        &mut out,
+        out,
         "slotprof_target_attached",
         "gauge",
         "1 while the probes are attached to a live target; 0 while slotprof waits for it.",
         vec![format!("slotprof_target_attached {}", flag(s.target_attached))],
     );
     section(
-        &mut out,
+        out,
         "slotprof_slot_source_healthy",
         "gauge",
         "1 while the slot source gives slots (the RPC answering), by source.",
@@ -341,7 +356,7 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
         )],
     );
     section(
-        &mut out,
+        out,
         "slotprof_export_paused",
         "gauge",
         "1 while nothing is written: the export's file system is below its free-space floor.",
@@ -349,20 +364,24 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
     );
     if let (Some(slot), Some(at)) = (s.last_exported_slot, s.last_export_unix_s) {
         section(
-            &mut out,
+            out,
             "slotprof_last_exported_slot",
             "gauge",
             "The last slot written to the export (in full or as its summary line).",
             vec![format!("slotprof_last_exported_slot {slot}")],
         );
         section(
-            &mut out,
+            out,
             "slotprof_last_export_timestamp_seconds",
             "gauge",
             "When the last slot was written (Unix time); alert on time() minus this.",
             vec![format!("slotprof_last_export_timestamp_seconds {at:.3}")],
         );
     }
+}
+
+/// The standard process metrics and slotprof's heap.
+fn process(out: &mut String, own: &Process) {
     // The standard process metrics, unprefixed, as every Prometheus client
     // library names them.
     for (name, kind, help, value) in [
@@ -403,11 +422,11 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
             own.max_fds.to_string(),
         ),
     ] {
-        section(&mut out, name, kind, help, vec![format!("{name} {value}")]);
+        section(out, name, kind, help, vec![format!("{name} {value}")]);
     }
     if let Some((in_use, free)) = heap_bytes() {
         section(
-            &mut out,
+            out,
             "slotprof_heap_bytes",
             "gauge",
             "slotprof's malloc heap: bytes in use, and bytes free but still held (fragmentation).",
@@ -417,7 +436,6 @@ pub fn render(s: &Snapshot, own: &Process) -> String {
             ],
         );
     }
-    out
 }
 
 /// glibc's heap: (bytes in use, bytes free but held), all arenas.
