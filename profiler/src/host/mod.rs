@@ -488,7 +488,7 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
         );
     }
     let mut probes = Probes::load_host(opts.probe_stats)?;
-    let mut warnings: Vec<String> = probes
+    let warnings: Vec<String> = probes
         .status
         .iter()
         .filter(|p| !p.attached)
@@ -525,17 +525,6 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
         sources: HashMap::new(),
         totals: Totals::default(),
         malformed: 0,
-    };
-    let vm_list = |vms: &Vmms| -> String {
-        if vms.vmms.is_empty() {
-            "no VM processes yet (looking every 5 s)".into()
-        } else {
-            vms.vmms
-                .values()
-                .map(|v| format!("{} (pid {})", v.info.comm, v.info.pid))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
     };
     eprintln!(
         "slotprof: watching the host's memory management for {}; VMs: {}; Ctrl-C stops",
@@ -612,7 +601,44 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     }
     drop(ring);
     drop(probes);
-    let elapsed = started.elapsed();
+    let ended = Ended {
+        elapsed: started.elapsed(),
+        ended_by,
+        sysctls_at_start,
+        counters,
+        probe_status,
+        costs,
+    };
+    write_outputs(opts, state, vms, ended, warnings)
+}
+
+/// How a host session ended, and what its probes said before detaching.
+struct Ended {
+    elapsed: Duration,
+    ended_by: &'static str,
+    sysctls_at_start: Sysctls,
+    counters: crate::probes::Counters,
+    probe_status: Vec<crate::probes::ProbeStatus>,
+    costs: Option<Vec<crate::probes::ProgramCost>>,
+}
+
+/// The findings, the series (CSV, JSON, SVG) and the summary of a host
+/// session.
+fn write_outputs(
+    opts: &HostOptions,
+    mut state: State,
+    mut vms: Vmms,
+    ended: Ended,
+    mut warnings: Vec<String>,
+) -> anyhow::Result<HostOutcome> {
+    let Ended {
+        elapsed,
+        ended_by,
+        sysctls_at_start,
+        counters,
+        probe_status,
+        costs,
+    } = ended;
     let seconds = elapsed.as_secs_f64().ceil() as usize;
     if state.series.seconds.len() < seconds {
         state.series.at(seconds - 1);
@@ -684,6 +710,19 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     };
     write_atomic(&summary_path, &serde_json::to_vec_pretty(&summary)?)?;
     Ok(HostOutcome { summary, findings })
+}
+
+/// The VM processes watched, for messages.
+fn vm_list(vms: &Vmms) -> String {
+    if vms.vmms.is_empty() {
+        "no VM processes yet (looking every 5 s)".into()
+    } else {
+        vms.vmms
+            .values()
+            .map(|v| format!("{} (pid {})", v.info.comm, v.info.pid))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 fn vm_list_one(vms: &Vmms, pid: u32) -> String {
