@@ -155,44 +155,15 @@ pub fn detect(
         };
 
         // The stack that shows the cause.
-        let stack = match cause {
-            "madvise" => madvise
-                .iter()
-                .filter(|m| overlap(a, b, m.start_ns, m.end_ns) > 0)
-                .max_by_key(|m| m.end_ns - m.start_ns)
-                .map(|m| names(m.tgid, m.user_stack_id, false))
-                .unwrap_or_default(),
-            "on-CPU" | "waiting for a CPU" => {
-                let mut counts: HashMap<(i32, i32), u64> = HashMap::new();
-                for (ts, k) in &samples {
-                    if *ts >= a && *ts < b {
-                        *counts.entry((k.user_stack_id, k.kernel_stack_id)).or_default() += 1;
-                    }
-                }
-                // Prefer stacks that were walked to the thread's root: a
-                // sample in code built without frame pointers (often libc)
-                // ends after a frame or two and names only the leaf.
-                let mut named: Vec<(u64, Vec<String>)> = counts
-                    .into_iter()
-                    .map(|((u, k), c)| {
-                        let mut f = names(inputs.pid, u, false);
-                        let user_depth = f.len();
-                        f.extend(names(inputs.pid, k, true));
-                        (c + if user_depth >= 3 { 1 << 32 } else { 0 }, f)
-                    })
-                    .collect();
-                named.sort();
-                named.pop().map(|(_, f)| f).unwrap_or_default()
-            }
-            _ => match biggest_block {
-                Some((_, i)) => {
-                    let mut f = names(i.key.tgid, i.key.user_stack_id, false);
-                    f.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
-                    f
-                }
-                None => Vec::new(),
-            },
-        };
+        let stack = cause_stack(
+            cause,
+            (a, b),
+            &madvise,
+            &samples,
+            biggest_block,
+            inputs.pid,
+            names,
+        );
         let rest: Vec<String> = parts[1..]
             .iter()
             .filter(|(_, v)| *v > 0)
@@ -236,6 +207,59 @@ pub fn detect(
         });
     }
     findings
+}
+
+/// The stack that shows a gap's cause: the longest madvise call's, the
+/// commonest sampled stack (preferring ones walked to the thread's root)
+/// for on-CPU time and CPU waits, else the longest block's.
+#[allow(clippy::too_many_arguments)]
+fn cause_stack(
+    cause: &str,
+    (a, b): (u64, u64),
+    madvise: &[&profiler_ebpf::MadviseCall],
+    samples: &[&(u64, crate::records::StackKey)],
+    biggest_block: Option<(u64, &crate::records::Interval)>,
+    pid: u32,
+    names: &mut NameStack,
+) -> Vec<String> {
+    match cause {
+        "madvise" => madvise
+            .iter()
+            .filter(|m| overlap(a, b, m.start_ns, m.end_ns) > 0)
+            .max_by_key(|m| m.end_ns - m.start_ns)
+            .map(|m| names(m.tgid, m.user_stack_id, false))
+            .unwrap_or_default(),
+        "on-CPU" | "waiting for a CPU" => {
+            let mut counts: HashMap<(i32, i32), u64> = HashMap::new();
+            for (ts, k) in samples {
+                if *ts >= a && *ts < b {
+                    *counts.entry((k.user_stack_id, k.kernel_stack_id)).or_default() += 1;
+                }
+            }
+            // Prefer stacks that were walked to the thread's root: a
+            // sample in code built without frame pointers (often libc)
+            // ends after a frame or two and names only the leaf.
+            let mut named: Vec<(u64, Vec<String>)> = counts
+                .into_iter()
+                .map(|((u, k), c)| {
+                    let mut f = names(pid, u, false);
+                    let user_depth = f.len();
+                    f.extend(names(pid, k, true));
+                    (c + if user_depth >= 3 { 1 << 32 } else { 0 }, f)
+                })
+                .collect();
+            named.sort();
+            named.pop().map(|(_, f)| f).unwrap_or_default()
+        }
+        _ => match biggest_block {
+            Some((_, i)) => {
+                let mut f = names(i.key.tgid, i.key.user_stack_id, false);
+                f.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
+                f
+            }
+            None => Vec::new(),
+        },
+    }
 }
 
 #[cfg(test)]
