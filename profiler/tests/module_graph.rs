@@ -125,3 +125,75 @@ fn crate_uses_reads_paths_and_groups() {
     let got: Vec<String> = crate_uses(text).into_iter().collect();
     assert_eq!(got, ["aggregate", "detectors", "slots", "topology"]);
 }
+
+/// Functions longer than `limit` lines in the Rust files under `dir`
+/// (their unit-test modules left out): (lines, file, name).
+fn long_functions(dir: &Path, limit: usize) -> Vec<(usize, String, String)> {
+    let mut files = Vec::new();
+    sources(dir, &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = without_tests(&text).lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let indent = line.len() - line.trim_start().len();
+            let mut words = line.trim_start().split_whitespace();
+            let mut w = words.next();
+            while let Some(q) = w.filter(|q| q.starts_with("pub") || ["const", "async", "unsafe"].contains(q))
+            {
+                let _ = q;
+                w = words.next();
+            }
+            if w != Some("fn") {
+                continue;
+            }
+            let name: String = words
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let close = format!("{}}}", " ".repeat(indent));
+            if let Some(j) = lines[i + 1..].iter().position(|l| *l == close) {
+                if j + 2 > limit {
+                    out.push((j + 2, f.display().to_string(), name));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The repository's code outside tests (the `tests` crate of stall
+/// programs, fuzz targets and every unit-test module excluded): no
+/// function over 150 lines.
+#[test]
+fn no_function_over_150_lines_outside_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut long = Vec::new();
+    for dir in [
+        "profiler/src",
+        "profiler-ebpf/src",
+        "symbolizer/src",
+        "flamegraphs/src",
+        "xtask/src",
+    ] {
+        long.extend(long_functions(&root.join(dir), 150));
+    }
+    assert!(long.is_empty(), "functions over 150 lines: {long:#?}");
+}
+
+#[test]
+fn long_functions_are_measured_from_fn_to_its_closing_brace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let body = "    let x = 1;\n".repeat(160);
+    std::fs::write(
+        dir.join("a.rs"),
+        format!("pub(crate) async fn long() {{\n{body}}}\n\nfn short() {{\n}}\n"),
+    )
+    .unwrap();
+    let got = long_functions(dir, 150);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].0, got[0].2.as_str()), (162, "long"));
+}

@@ -817,6 +817,21 @@ static RUN_MINUTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// and at the end, slotprof's CPU.
 fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let minutes = RUN_MINUTES.load(std::sync::atomic::Ordering::Relaxed);
+    let m = measure_run(root, scratch, minutes)?;
+    Ok(run_markdown(&m, minutes))
+}
+
+/// What `slotprof run` did over the always-on run: RSS every 10 s (s,
+/// bytes), its CPU seconds, the run's length and its last /metrics.
+struct RunMeasure {
+    samples: Vec<(f64, u64)>,
+    cpu: f64,
+    wall: f64,
+    scrape: String,
+}
+
+/// Runs `slotprof run` against the synthetic validator for `minutes`.
+fn measure_run(root: &Path, scratch: &Path, minutes: u64) -> anyhow::Result<RunMeasure> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
@@ -886,6 +901,23 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
     let _ = daemon.wait();
     let _ = validator.kill();
     let _ = validator.wait();
+    Ok(RunMeasure {
+        samples,
+        cpu,
+        wall,
+        scrape,
+    })
+}
+
+/// The always-on section of BENCHMARKS.md from a run's measure.
+fn run_markdown(m: &RunMeasure, minutes: u64) -> String {
+    let RunMeasure {
+        samples,
+        cpu,
+        wall,
+        scrape,
+    } = m;
+    let (cpu, wall) = (*cpu, *wall);
     let at = |t: f64| {
         samples
             .iter()
@@ -976,7 +1008,7 @@ fn run_section(root: &Path, scratch: &Path) -> anyhow::Result<String> {
         },
         series.join(", ")
     );
-    Ok(md)
+    md
 }
 
 /// CPU time (user + system) of this process's waited-for children so far.

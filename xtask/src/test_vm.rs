@@ -244,6 +244,17 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             }
         }
     }
+    report(table, &vm_failures, &cache, started, only)
+}
+
+/// Prints the VMs' table and says what failed; the table as rows.
+fn report(
+    table: BTreeMap<(String, String), (Outcome, String)>,
+    vm_failures: &[String],
+    cache: &Path,
+    started: Instant,
+    only: Option<String>,
+) -> anyhow::Result<Vec<Row>> {
     if table.is_empty() {
         bail!(
             "no VM scenario matched --test {:?} (scenarios are named binary::test, e.g. \
@@ -256,7 +267,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
     for ((kernel, scenario), (outcome, note)) in &table {
         println!("{kernel:<8} {scenario:<70} {:<12} {note}", outcome.word());
     }
-    for f in &vm_failures {
+    for f in vm_failures {
         eprintln!("xtask: VM failure: {f}");
     }
     let failed = table.values().filter(|(o, _)| *o == Outcome::Fail).count();
