@@ -137,7 +137,7 @@ fn long_functions(dir: &Path, limit: usize) -> Vec<(usize, String, String)> {
         let lines: Vec<&str> = without_tests(&text).lines().collect();
         for (i, line) in lines.iter().enumerate() {
             let indent = line.len() - line.trim_start().len();
-            let mut words = line.trim_start().split_whitespace();
+            let mut words = line.split_whitespace();
             let mut w = words.next();
             while let Some(q) = w.filter(|q| q.starts_with("pub") || ["const", "async", "unsafe"].contains(q))
             {
