@@ -735,7 +735,7 @@ fn summary_of(
         findings: {
             let mut by_kind = std::collections::BTreeMap::new();
             for f in &a.findings {
-                *by_kind.entry(f.kind).or_insert(0u64) += 1;
+                *by_kind.entry(f.kind.as_str()).or_insert(0u64) += 1;
             }
             by_kind
         },

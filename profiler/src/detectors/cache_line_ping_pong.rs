@@ -127,7 +127,7 @@ pub fn detect(
         let data = names.data(line);
         let (first, last) = span[&line];
         findings.push(Finding {
-            kind: "CacheLinePingPong",
+            kind: crate::detectors::FindingKind::CacheLinePingPong,
             slot: None,
             pid: inputs.pid,
             tid: top_tid,

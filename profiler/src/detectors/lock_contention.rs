@@ -148,7 +148,7 @@ pub fn detect(
         let (short_waits, short_ns) = short.get(&uaddr).copied().unwrap_or((0, 0));
         let waiter_names: Vec<String> = a.waiters.iter().map(|t| inputs.thread_name(*t)).collect();
         findings.push(Finding {
-            kind: "LockContention",
+            kind: crate::detectors::FindingKind::LockContention,
             slot: a.slot,
             pid: inputs.pid,
             tid: top_tid,

@@ -181,7 +181,7 @@ pub fn detect(
         magnitudes.insert("page_faults", faults_in(a) as f64);
         magnitudes.insert("samples", samples_in as f64);
         findings.push(Finding {
-            kind: "MainLoopGap",
+            kind: crate::detectors::FindingKind::MainLoopGap,
             slot,
             pid: inputs.pid,
             tid,

@@ -20,11 +20,54 @@ use crate::{
     slots::Timeline,
 };
 
+/// What kind of stall a finding is (serialized as its name). In
+/// alphabetical order, so that findings sort as their names do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum FindingKind {
+    /// A cache line written by one thread and touched from another CPU
+    /// ([`cache_line_ping_pong`]).
+    CacheLinePingPong,
+    /// The host invalidated a VM's KVM mappings (`slotprof host`).
+    KvmMmuInvalidation,
+    /// A wait on a futex another thread held ([`lock_contention`]).
+    LockContention,
+    /// A main-loop iteration over the threshold ([`main_loop_gap`]).
+    MainLoopGap,
+    /// An allocator returning memory on a hot thread ([`sync_allocator_purge`]).
+    SyncAllocatorPurge,
+}
+
+impl FindingKind {
+    /// Every kind, in order.
+    pub const ALL: [FindingKind; 5] = [
+        FindingKind::CacheLinePingPong,
+        FindingKind::KvmMmuInvalidation,
+        FindingKind::LockContention,
+        FindingKind::MainLoopGap,
+        FindingKind::SyncAllocatorPurge,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::CacheLinePingPong => "CacheLinePingPong",
+            FindingKind::KvmMmuInvalidation => "KvmMmuInvalidation",
+            FindingKind::LockContention => "LockContention",
+            FindingKind::MainLoopGap => "MainLoopGap",
+            FindingKind::SyncAllocatorPurge => "SyncAllocatorPurge",
+        }
+    }
+}
+
+impl std::fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Something slotprof found, with what it means and what to do.
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
-    /// `MainLoopGap`, `SyncAllocatorPurge`, `LockContention`.
-    pub kind: &'static str,
+    pub kind: FindingKind,
     /// The slot it happened in (None without a slot source).
     pub slot: Option<u64>,
     pub pid: u32,
@@ -314,6 +357,20 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_finding_kind_serializes_and_prints_as_its_name_and_sorts_as_names_do() {
+        for k in FindingKind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), serde_json::json!(k.as_str()));
+            assert_eq!(k.to_string(), k.as_str());
+        }
+        let mut by_enum = FindingKind::ALL.to_vec();
+        by_enum.sort();
+        let mut by_name = FindingKind::ALL.to_vec();
+        by_name.sort_by_key(|k| k.as_str());
+        assert_eq!(by_enum, by_name);
+    }
+
     use super::{test_support::*, *};
 
     const MS: u64 = 1_000_000;
@@ -373,7 +430,7 @@ mod tests {
         let inp = inputs(&calls, &marks, &names);
         let mut n = namer(HashMap::from([(5, vec!["main", "drop_bank", "madvise"])]));
         let f = run_all(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
-        let kinds: Vec<_> = f.iter().map(|f| (f.kind, f.start_ns / MS)).collect();
+        let kinds: Vec<_> = f.iter().map(|f| (f.kind.as_str(), f.start_ns / MS)).collect();
         assert_eq!(kinds, [("SyncAllocatorPurge", 10), ("MainLoopGap", 300)], "{f:?}");
     }
 

@@ -111,7 +111,7 @@ pub fn detect(
         let allocator = stack.iter().any(|f| allocator_frame(f));
         let thread = inputs.thread_name(tid);
         findings.push(Finding {
-            kind: "SyncAllocatorPurge",
+            kind: crate::detectors::FindingKind::SyncAllocatorPurge,
             slot: a.slot,
             pid: inputs.pid,
             tid,

@@ -397,7 +397,7 @@ fn findings(state: &State, vms: &Vmms, sysctls: &Sysctls, seconds: f64) -> Vec<H
         let advice = analysis::advice(top, &tasks, &info, sysctls);
         out.push(HostFinding {
             finding: Finding {
-                kind: "KvmMmuInvalidation",
+                kind: crate::detectors::FindingKind::KvmMmuInvalidation,
                 slot: None,
                 pid: info.pid,
                 tid: 0,

@@ -769,7 +769,7 @@ mod ledger_tests {
             };
             let findings = if n == 5 {
                 vec![Finding {
-                    kind: "LockContention",
+                    kind: crate::detectors::FindingKind::LockContention,
                     slot: Some(5),
                     pid: 1,
                     tid: 1,
