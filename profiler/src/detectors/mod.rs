@@ -4,6 +4,12 @@
 //! a [`DetectorConfig`], the [`Buckets`] findings are cut along (the
 //! slots) and a way to name stacks; none touches the kernel, so each is
 //! unit-tested on constructed event streams.
+//!
+//! Not here: aggregating events into the inputs and naming stacks
+//! (`pipeline`), decoding samples into memory accesses for the cache-line
+//! detector (`memory_access`), and the host's `KvmMmuInvalidation`
+//! analysis, which reads host mode's own per-second series (`host`); its
+//! kind is a [`FindingKind`] all the same.
 
 pub mod cache_line_ping_pong;
 pub mod lock_contention;

@@ -9,6 +9,9 @@
 //! ([`vms`]) and counted per second ([`analysis`]). At the end: the duty
 //! cycle of the bursts, a `KvmMmuInvalidation` finding per affected VM with
 //! the two sysctls that govern it, a per-second CSV/JSON series and a plot.
+//!
+//! Not here: anything of a guest's own (its slots, stacks and detectors:
+//! `session`, `run`); a guest sees the host only as slow phases (`phase`).
 
 pub mod analysis;
 pub mod plot;

@@ -8,6 +8,8 @@
 //! ns per hash; [`analysis`] splits the windows into slow and fast (by the
 //! midpoint of p10 and p90, the incident's method), and finds the period
 //! and duty cycle of the slow phase.
+//!
+//! Not here: what the host itself did (`host`, run on the hypervisor).
 
 pub mod analysis;
 pub mod probe;

@@ -13,6 +13,11 @@
 //! hour and the index flushed, the probes detached. SIGHUP: the
 //! configuration is read again; a bad one is refused with the reason and
 //! the running one kept.
+//!
+//! Not here: attaching (`attach`), the analysis of a batch of slots
+//! (`pipeline`), the detectors (`detectors`); this folder is the driver
+//! (`mod.rs`: the configuration, reloads, following targets by name) and
+//! the per-slot, per-window and hourly export (`export.rs`).
 
 pub mod export;
 

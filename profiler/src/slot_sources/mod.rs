@@ -2,6 +2,11 @@
 //! while a session runs. Each source appends what it sees to a shared
 //! [`SlotLog`]; at the end [`SlotLog::timeline`] turns it into the
 //! [`Timeline`] that everything is cut along.
+//!
+//! Here: the RPC follower ([`rpc`]), the slot log, and the parsed
+//! `--slot-source` ([`SlotSourceSpec`]). Not here: the timeline and its
+//! bucketing (`slots`), and the slot uprobe, which is one of the probes
+//! (`probes`, marks decoded by `events`).
 
 pub mod rpc;
 mod spec;
