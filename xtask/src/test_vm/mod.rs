@@ -1,0 +1,416 @@
+//! `cargo xtask test-vm [--kernel 6.1] [--kernel 6.12] ...`: the
+//! end-to-end detector tests, inside QEMU, on Debian's own kernels.
+//!
+//! For each kernel line: the newest Debian cloud-amd64 kernel package of
+//! that line (apt), its bzImage payload decompressed to the ELF vmlinux
+//! (booted directly, PVH), an initramfs written here (cpio newc) holding
+//! busybox, slotprof, the stall programs and the e2e test executables at
+//! the same absolute paths they have on the host (the tests find their
+//! programs by those paths) with the shared libraries they load. The
+//! guest's init mounts proc, sys, devtmpfs, tracefs, bpffs and runs each
+//! test alone; the console is watched for panics, RCU stalls and soft
+//! lockups, under a time limit. Downloads live in ~/.cache/slotprof/test-vm
+//! (or $SLOTPROF_CACHE), outside git.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+mod initramfs;
+mod kernel;
+mod qemu;
+
+use crate::outcomes::{Outcome, Row};
+use anyhow::{bail, Context};
+use initramfs::*;
+use kernel::*;
+use qemu::*;
+
+/// Test executables (cargo test targets of slotprof-tests) run in the VMs:
+/// the detectors against their stall programs and fixed twins, and the
+/// spine they stand on, and of `run` the packaged unit under systemd.
+/// `slots` needs a browser and `host` a KVM host of its own; they stay on
+/// the development machine.
+const SCENARIOS: &[&str] = &["spine", "detectors", "unwind", "cache_lines", "run"];
+
+/// One boot per group and kernel.
+struct Group {
+    name: &'static str,
+    scenarios: &'static [&'static str],
+    /// Run TCG one instruction per translation block. Under TCG a timer
+    /// interrupt lands only between translation blocks, so a sample's IP is
+    /// nearly always a jump target and never the memory access the
+    /// cache-line detector decodes; one instruction per block puts the IP
+    /// where hardware would (slower, so only where it matters).
+    precise_ip: bool,
+    /// How long one test may run before the guest dumps every task's
+    /// kernel stack to the console and kills it (the VM goes on).
+    test_limit: Duration,
+    /// How long the VM may run, boot to power-off.
+    vm_limit: Duration,
+    /// Only the tests whose names hold this (None: every test of the
+    /// scenarios).
+    tests: Option<&'static str>,
+    /// Boot systemd as PID 1 and run the tests from a unit of its own
+    /// (the packaged unit's test needs a real service manager).
+    systemd: bool,
+    /// Only on these kernel lines (empty: every line asked for).
+    lines: &'static [&'static str],
+}
+
+const GROUPS: &[Group] = &[
+    Group {
+        name: "main",
+        scenarios: &["spine", "detectors", "unwind"],
+        precise_ip: false,
+        test_limit: Duration::from_secs(240),
+        vm_limit: Duration::from_secs(900),
+        tests: None,
+        systemd: false,
+        lines: &[],
+    },
+    Group {
+        name: "precise-ip",
+        scenarios: &["cache_lines"],
+        precise_ip: true,
+        test_limit: Duration::from_secs(480),
+        // Two tests of up to 8 min each: on 6.12 the first took 419 s
+        // (6.1: 289 and 292 s), and 900 s ran out in the second.
+        vm_limit: Duration::from_secs(1200),
+        tests: None,
+        systemd: false,
+        lines: &[],
+    },
+    // The packaged systemd unit under systemd 252 (the host's, copied in)
+    // as PID 1: one kernel is enough for what it checks (the service
+    // manager's sandbox around slotprof, not the kernel's probes).
+    Group {
+        name: "systemd",
+        scenarios: &["run"],
+        precise_ip: false,
+        test_limit: Duration::from_secs(300),
+        vm_limit: Duration::from_secs(600),
+        tests: Some("the_packaged_unit_starts_profiles_reloads_and_stops_under_systemd"),
+        systemd: true,
+        lines: &["6.12"],
+    },
+];
+
+/// Under TCG the guest's clock runs against a CPU 10-50x slower than a real
+/// one and its timers oversleep (a 0.5 ms sleep takes 5-10 ms): the tests
+/// whose scenarios are timed stretch them by this factor
+/// (`SLOTPROF_TEST_TIME_SCALE`, read by the tests' `time_scale()`).
+const TCG_TIME_SCALE: u32 = 5;
+
+/// Kernel lines tested when none is given.
+pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
+
+/// Runs the scenarios in the VMs, prints their table and returns a row per
+/// scenario and kernel (a VM that failed makes its scenarios FAIL rows; an
+/// error is a failure to set the VMs up).
+pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
+    let mut kernels: Vec<String> = Vec::new();
+    let mut only: Option<String> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
+            "--test" => only = Some(it.next().context("--test wants part of a test name")?.clone()),
+            other => bail!(
+                "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART]"
+            ),
+        }
+    }
+    if kernels.is_empty() {
+        kernels = DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect();
+    }
+    if !crate::is_root() {
+        bail!("test-vm installs QEMU and kernel packages with apt: run `sudo cargo xtask test-vm`");
+    }
+    tools(root)?;
+    let cache = cache_dir()?;
+    remove_stale_initramfs(&cache);
+    let tests = test_executables(root)?;
+    let busybox = busybox(&cache)?;
+    let started = Instant::now();
+    let mut table: BTreeMap<(String, String), (Outcome, String)> = BTreeMap::new();
+    let mut vm_failures = Vec::new();
+    for (line, group) in kernels.iter().flat_map(|k| GROUPS.iter().map(move |g| (k, g))) {
+        if !group.lines.is_empty() && !group.lines.contains(&line.as_str()) {
+            continue;
+        }
+        let kernel = kernel_image(root, &cache, line)?;
+        let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
+        let group_tests: Vec<(String, PathBuf)> = tests
+            .iter()
+            .filter(|(name, _)| group.scenarios.contains(&name.as_str()))
+            .cloned()
+            .collect();
+        // `--test` matches part of `binary::test` (`cache_lines::` runs a
+        // whole file's tests).
+        let wanted = |b: &str, t: &str| {
+            only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o))
+                && group.tests.is_none_or(|g| t.contains(g))
+        };
+        let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group)?;
+        if names.is_empty() {
+            continue;
+        }
+        let result = boot(&kernel, &initramfs, line, group, &cache);
+        let _ = std::fs::remove_file(&initramfs);
+        match result {
+            Ok(results) => {
+                let outcome =
+                    |results: &BTreeMap<(String, String), (Outcome, String)>, bin: &String, test: &String| {
+                        results
+                            .get(&(bin.clone(), test.clone()))
+                            .cloned()
+                            .unwrap_or((Outcome::Fail, "did not run (the VM stopped before it)".into()))
+                    };
+                let failed: BTreeSet<(String, String)> = names
+                    .iter()
+                    .filter(|(b, t)| outcome(&results, b, t).0 == Outcome::Fail)
+                    .cloned()
+                    .collect();
+                // A test that failed gets one more run in a fresh VM (TCG
+                // timing is noisy); the table says so either way.
+                let mut retried = BTreeMap::new();
+                if !failed.is_empty() {
+                    eprintln!(
+                        "xtask: [{line}] {} failed test(s) run once more in a fresh VM",
+                        failed.len()
+                    );
+                    // The first run's console stays for reading.
+                    let log = |tag: &str| cache.join(format!("console-{line}-{}{tag}.log", group.name));
+                    let _ = std::fs::rename(log(""), log("-first-run"));
+                    let again = |b: &str, t: &str| failed.contains(&(b.to_string(), t.to_string()));
+                    build_initramfs(root, &initramfs, &busybox, &group_tests, &again, group)?;
+                    let second = boot(&kernel, &initramfs, line, group, &cache);
+                    let _ = std::fs::remove_file(&initramfs);
+                    if let Ok(second) = second {
+                        retried = second;
+                    }
+                }
+                for (bin, test) in &names {
+                    let key = (line.clone(), format!("{bin}::{test}"));
+                    let mut r = outcome(&results, bin, test);
+                    if r.0 == Outcome::Fail {
+                        let (o, note) = outcome(&retried, bin, test);
+                        r = match o {
+                            Outcome::Fail => (Outcome::Fail, format!("{} (and again: {note})", r.1)),
+                            // Passed only when run again: flaky, never
+                            // a plain pass.
+                            Outcome::Pass => (
+                                Outcome::Flaky,
+                                format!(
+                                    "passed on a second run; the first failed (console-{line}-{}-first-run.log): {}",
+                                    group.name, r.1
+                                ),
+                            ),
+                            o => (
+                                o,
+                                format!(
+                                    "on a second run; the first failed (console-{line}-{}-first-run.log): {}",
+                                    group.name, r.1
+                                ),
+                            ),
+                        };
+                    }
+                    table.insert(key, r);
+                }
+            }
+            Err(e) => {
+                vm_failures.push(format!("{line} ({}, {}): {e:#}", kernel.release, group.name));
+                for (bin, test) in &names {
+                    table.insert(
+                        (line.clone(), format!("{bin}::{test}")),
+                        (Outcome::Fail, "the VM failed".into()),
+                    );
+                }
+            }
+        }
+    }
+    report(table, &vm_failures, &cache, started, only)
+}
+
+/// Prints the VMs' table and says what failed; the table as rows.
+fn report(
+    table: BTreeMap<(String, String), (Outcome, String)>,
+    vm_failures: &[String],
+    cache: &Path,
+    started: Instant,
+    only: Option<String>,
+) -> anyhow::Result<Vec<Row>> {
+    if table.is_empty() {
+        bail!(
+            "no VM scenario matched --test {:?} (scenarios are named binary::test, e.g. \
+             cache_lines::adjacent_counters_are_the_top_line_and_the_padded_twin_is_clean)",
+            only.unwrap_or_default()
+        );
+    }
+    println!("\nslotprof test-vm: {:.0} s", started.elapsed().as_secs_f64());
+    println!("{:<8} {:<70} {:<12} note", "kernel", "scenario", "result");
+    for ((kernel, scenario), (outcome, note)) in &table {
+        println!("{kernel:<8} {scenario:<70} {:<12} {note}", outcome.word());
+    }
+    for f in vm_failures {
+        eprintln!("xtask: VM failure: {f}");
+    }
+    let failed = table.values().filter(|(o, _)| *o == Outcome::Fail).count();
+    let flaky = table.values().filter(|(o, _)| *o == Outcome::Flaky).count();
+    if flaky > 0 {
+        eprintln!("xtask: {flaky} VM scenario(s) FLAKY: they failed once and passed when run again");
+    }
+    if failed > 0 || !vm_failures.is_empty() {
+        eprintln!(
+            "xtask: {failed} VM scenario(s) failed (console logs in {})",
+            cache.display()
+        );
+    }
+    Ok(table
+        .into_iter()
+        .map(|((kernel, scenario), (outcome, note))| {
+            let (binary, test) = scenario.split_once("::").unwrap_or(("", &scenario));
+            Row {
+                place: kernel,
+                package: "slotprof-tests".into(),
+                binary: binary.to_string(),
+                test: test.to_string(),
+                outcome,
+                note,
+            }
+        })
+        .collect())
+}
+
+/// QEMU and the decompressors, from apt when missing.
+fn tools(root: &Path) -> anyhow::Result<()> {
+    let want = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("lz4", "lz4"),
+        ("zstd", "zstd"),
+        ("xz", "xz-utils"),
+        ("dpkg-deb", "dpkg"),
+    ];
+    let missing: Vec<&str> = want
+        .iter()
+        .filter(|(bin, _)| !on_path(bin))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    crate::run_env(root, "apt-get", &["update", "-qq"], &env)?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
+    crate::run_env(root, "apt-get", &args, &env)
+}
+
+pub(crate) fn on_path(bin: &str) -> bool {
+    which_in_path(bin).is_some()
+}
+
+/// Where `bin` is on PATH (a symlink's path, not its target's: the guest
+/// gets the file's contents under the name it is called by).
+fn which_in_path(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("SLOTPROF_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set; set SLOTPROF_CACHE")?)
+            .join(".cache/slotprof/test-vm"),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Initramfs images (~360 MB each) left by runs that were killed: named
+/// by their run's pid, removed when that process is gone.
+fn remove_stale_initramfs(cache: &Path) {
+    for e in std::fs::read_dir(cache).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("initramfs-")
+            .and_then(|r| r.strip_suffix(".cpio"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            eprintln!(
+                "xtask: removing {} (left by a run that did not finish)",
+                e.path().display()
+            );
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judges_by_status_then_by_what_the_test_said() {
+        let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(judge(true, &lines(&["running 1 test", "ok"])).0, Outcome::Pass);
+        let u = judge(
+            true,
+            &lines(&["test x ... UNSUPPORTED: ipi:ipi_send_cpu is not in this kernel"]),
+        );
+        assert_eq!(u.0, Outcome::Unsupported);
+        assert!(u.1.contains("ipi:ipi_send_cpu"));
+        assert_eq!(judge(true, &lines(&["SKIPPED: needs root"])).0, Outcome::Skipped);
+        let h = judge(
+            false,
+            &lines(&[
+                "running 1 test",
+                "SLOTPROF-TEST-HUNG still running after 240 s (...)",
+            ]),
+        );
+        assert_eq!(h.0, Outcome::Fail);
+        assert!(h.1.starts_with("hung: still running after 240 s"), "{}", h.1);
+        let f = judge(false, &lines(&["thread 'x' panicked at tests/x.rs:1:1:", "boom"]));
+        assert_eq!(f.0, Outcome::Fail);
+        assert!(f.1.contains("panicked"));
+        let p = judge(
+            true,
+            &lines(&[
+                "NOT ON THIS KERNEL: ipi:ipi_send_cpu (slotprof_ipi_send not attached; ...)",
+                "NOT ON THIS KERNEL: ipi:ipi_send_cpu (again)",
+            ]),
+        );
+        assert_eq!(
+            p,
+            (
+                Outcome::Pass,
+                "without ipi:ipi_send_cpu (not in this kernel)".to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn cpio_entries_are_aligned_and_end_with_the_trailer() {
+        let dir = std::env::temp_dir().join(format!("xtask-cpio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("a.cpio");
+        let mut c = Cpio::create(&p).unwrap();
+        c.bytes(Path::new("a/b/init"), b"hello", 0o755).unwrap();
+        c.finish().unwrap();
+        let data = std::fs::read(&p).unwrap();
+        assert_eq!(data.len() % 4, 0);
+        let text = String::from_utf8_lossy(&data);
+        assert_eq!(text.matches("070701").count(), 4, "a, a/b, a/b/init, trailer");
+        assert!(text.contains("a/b/init\0"));
+        assert!(text.contains("TRAILER!!!\0"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
