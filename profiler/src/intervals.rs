@@ -213,22 +213,8 @@ fn unnamed_file(dir: &Path) -> io::Result<File> {
 /// A new file in `dir` (mkostemp: a random name, O_EXCL), unlinked before
 /// anything is written to it.
 fn unlinked_file(dir: &Path) -> io::Result<File> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut template = dir
-        .join("slotprof-intervals-XXXXXX")
-        .as_os_str()
-        .as_bytes()
-        .to_vec();
-    template.push(0);
-    // SAFETY: `template` is a NUL-terminated buffer mkostemp may rewrite.
-    let fd = unsafe { libc::mkostemp(template.as_mut_ptr().cast(), libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: mkostemp returned a new descriptor that nothing else owns.
-    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    template.pop();
-    std::fs::remove_file(std::ffi::OsStr::from_bytes(&template))?;
+    let (file, path) = crate::sys::temp_file(dir, "slotprof-intervals-")?;
+    std::fs::remove_file(path)?;
     Ok(file)
 }
 

@@ -35,6 +35,7 @@ pub mod session;
 pub mod slot_export;
 pub mod slot_sources;
 pub mod slots;
+pub mod sys;
 pub mod syscalls;
 pub mod target;
 pub mod topology;

@@ -25,12 +25,7 @@ fn main() -> ExitCode {
     // the largest size freed, after which such buffers come from the heap
     // and leave it fragmented (the always-on daemon's RSS crept up by tens
     // of MiB on the real node). A fixed threshold also fixes the trim one.
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets the allocator's parameters, before any
-    // other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-    }
+    profiler::sys::set_mmap_threshold(256 << 10);
     if let Some(fd) = std::env::var_os(HELD_FD_ENV) {
         return exec_when_released(fd.to_str().and_then(|s| s.parse().ok()));
     }

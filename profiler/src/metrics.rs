@@ -144,10 +144,7 @@ pub fn own_process() -> Process {
         .rsplit_once(") ")
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    // SAFETY: sysconf has no side effects.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    // SAFETY: as above.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let (ticks, page) = crate::sys::clock_ticks_and_page_size();
     let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let boot = std::fs::read_to_string("/proc/stat")
         .ok()
@@ -156,19 +153,14 @@ pub fn own_process() -> Process {
                 .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
         })
         .unwrap_or(0);
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit fills a local struct.
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let max_fds = crate::sys::nofile_limit();
     Process {
         cpu_seconds: (field(14) + field(15)) as f64 / ticks,
         resident_bytes: field(24) * page,
         virtual_bytes: field(23),
         start_time_seconds: boot as f64 + field(22) as f64 / ticks,
         open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
-        max_fds: lim.rlim_cur,
+        max_fds,
     }
 }
 

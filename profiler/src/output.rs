@@ -65,11 +65,8 @@ pub fn write_atomic_with(
 /// A random suffix for a temporary name (getrandom; the clock and the
 /// pid where it is missing: O_EXCL keeps a guessed name safe either way).
 fn random_suffix() -> u64 {
-    let mut r = [0u8; 8];
-    // SAFETY: writes at most r.len() bytes into r.
-    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-    if n == r.len() as isize {
-        u64::from_ne_bytes(r)
+    if let Some(r) = crate::sys::random_u64() {
+        r
     } else {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

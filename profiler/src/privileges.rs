@@ -31,7 +31,7 @@ pub fn require_bpf() -> anyhow::Result<()> {
          kernel symbol addresses, CAP_SYS_RESOURCE lifts the memlock and descriptor limits, \
          CAP_SYS_ADMIN the kernel stacks of threads already asleep at attach)",
         lacks.join(" and "),
-        if unsafe { libc::geteuid() } == 0 {
+        if crate::sys::euid() == 0 {
             " although it runs as root: its capabilities were bounded (systemd's CapabilityBoundingSet, a container)"
         } else {
             ""
@@ -116,27 +116,8 @@ fn effective_caps() -> Option<u64> {
 /// and the soft RLIMIT_NOFILE to its hard limit (the default soft 1,024 is
 /// too few for a target's maps, unwind files and /metrics clients at once).
 pub fn raise_limits() {
-    raise_memlock_limit();
-    let mut nofile = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct; setrlimit reads it.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut nofile) == 0 && nofile.rlim_cur < nofile.rlim_max {
-            nofile.rlim_cur = nofile.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &nofile);
-        }
-    }
-}
-
-fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // Failure is fine on kernels that account BPF memory to the cgroup.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+    crate::sys::raise_memlock_limit();
+    crate::sys::raise_nofile_limit();
 }
 
 #[cfg(test)]

@@ -479,17 +479,7 @@ pub fn write_profiles_each(
 
 /// `uname -r`.
 pub fn kernel_release() -> String {
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return "unknown".into();
-    }
-    let bytes: Vec<u8> = u
-        .release
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    crate::sys::kernel_release()
 }
 
 /// This process's peak resident memory (VmHWM), 0 if unknown.

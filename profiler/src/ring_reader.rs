@@ -268,13 +268,7 @@ impl Drop for RingReader {
 
 /// Waits until `fd` is readable or `timeout_ms` has passed.
 fn wait_readable(fd: RawFd, timeout_ms: i32) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; an error (EINTR) only ends the wait early.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    crate::sys::wait_readable(fd, timeout_ms)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::{
     io::{IsTerminal, Write},
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -174,10 +174,8 @@ impl Live {
             .unwrap_or_default();
 
         if let Some(h) = &held {
-            let byte = [1u8];
-            let n = unsafe { libc::write(h.release.as_raw_fd(), byte.as_ptr().cast(), 1) };
-            if n != 1 {
-                anyhow::bail!("could not start the command: {}", std::io::Error::last_os_error());
+            if let Err(e) = crate::sys::write_byte(h.release.as_fd(), 1) {
+                anyhow::bail!("could not start the command: {e}");
             }
             target = wait_for_exec(&target).await;
         }
@@ -930,7 +928,7 @@ impl MapsErrors {
     pub(crate) fn note(&mut self, pid: u32, e: &std::io::Error) {
         // Gone: the target exited (said when the loop sees it), not a
         // map that cannot be read.
-        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) {
+        if crate::sys::is_gone(e) {
             return;
         }
         if !std::mem::replace(&mut self.said, true) {

@@ -13,13 +13,7 @@ use serde::Serialize;
 /// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns` and so of
 /// every timestamp in a session.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::sys::monotonic_ns()
 }
 
 /// Slots in a leader window.

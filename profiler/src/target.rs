@@ -77,18 +77,14 @@ impl Target {
             Ok(Some((state, start))) => start == self.start_ticks && state != 'Z' && state != 'X',
             Ok(None) => true,
             Err(e) if gone(&e) => false,
-            Err(_) => {
-                // SAFETY: signal 0 sends nothing; it only checks the pid.
-                let r = unsafe { libc::kill(self.pid as libc::pid_t, 0) };
-                r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-            }
+            Err(_) => crate::sys::process_exists(self.pid),
         }
     }
 }
 
 /// Whether reading a /proc file failed because the process is gone.
 fn gone(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    crate::sys::is_gone(e)
 }
 
 /// State letter and start time from /proc/PID/stat (`Ok(None)`: read but not

@@ -13,18 +13,7 @@ pub fn ensure_mounted() -> anyhow::Result<PathBuf> {
             return Ok(PathBuf::from(dir));
         }
     }
-    let target = c"/sys/kernel/tracing";
-    let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            target.as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
+    if let Err(err) = crate::sys::mount_tracefs() {
         bail!(
             "tracefs is not mounted and mounting it failed ({err}): \
              run `mount -t tracefs nodev /sys/kernel/tracing` and try again"

@@ -51,12 +51,7 @@ fn hash_chain(state: &mut [u8; 32], until_ns: u64) -> u64 {
 }
 
 fn pin(cpu: u32) -> bool {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
+    crate::sys::pin_to_cpu(cpu)
 }
 
 /// Starts one probe thread per CPU.

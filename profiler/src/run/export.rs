@@ -132,10 +132,7 @@ fn dir_bytes(p: &Path) -> u64 {
 
 /// Bytes free to an unprivileged writer on the file system holding `p`.
 pub fn free_bytes(p: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and a zeroed statvfs to fill.
-    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0).then(|| s.f_bavail * s.f_frsize)
+    crate::sys::free_bytes(p)
 }
 
 fn human(bytes: u64) -> String {
