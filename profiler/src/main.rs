@@ -53,22 +53,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             privileges::require_bpf()?;
             privileges::raise_limits();
             profiler::output::prepare_out_dir(&a.profile.out)?;
-            let opts = SessionOptions {
-                duration: Some(a.duration),
-                freq_hz: a.profile.freq,
-                min_offcpu: a.profile.min_offcpu,
-                stack_repeat: a.profile.stack_repeat,
-                out: a.profile.out,
-                command: "attach",
-                probe_stats: a.profile.probe_stats,
-                detectors: a.profile.detectors.config(a.profile.freq),
-                loop_symbol: a.profile.detectors.loop_symbol.clone(),
-                exe: None,
-                detector_probes: !a.profile.no_detector_probes,
-                phase_probe: a.profile.phase.config()?,
-                slot_source: a.profile.slot_source,
-                save_events: a.profile.save_events,
-            };
+            let opts = session_options(a.profile, "attach", Some(a.duration), None)?;
             eprintln!(
                 "slotprof: profiling {} (pid {}) for {:.0} s; Ctrl-C stops early",
                 target.comm,
@@ -147,26 +132,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // given, not slotprof's raised ones.
             privileges::raise_limits();
             let target = Target::from_pid(pid)?;
-            let opts = SessionOptions {
-                duration: r.duration,
-                freq_hz: r.profile.freq,
-                min_offcpu: r.profile.min_offcpu,
-                stack_repeat: r.profile.stack_repeat,
-                out: r.profile.out,
-                command: "record",
-                probe_stats: r.profile.probe_stats,
-                detectors: r.profile.detectors.config(r.profile.freq),
-                loop_symbol: r.profile.detectors.loop_symbol.clone(),
-                exe: Some(exe),
-                detector_probes: !r.profile.no_detector_probes,
-                phase_probe: r.profile.phase.config()?,
-                slot_source: r.profile.slot_source,
-                save_events: r.profile.save_events,
-            };
+            let opts = session_options(r.profile, "record", r.duration, Some(exe))?;
             let outcome = session::run(&opts, target, Some(held)).await?;
             finish(outcome)
         }
     }
+}
+
+/// What attach and record lower their shared options into.
+fn session_options(
+    p: profiler::cli::ProfileArgs,
+    command: &'static str,
+    duration: Option<std::time::Duration>,
+    exe: Option<std::path::PathBuf>,
+) -> anyhow::Result<SessionOptions> {
+    Ok(SessionOptions {
+        duration,
+        freq_hz: p.freq,
+        min_offcpu: p.min_offcpu,
+        stack_repeat: p.stack_repeat,
+        out: p.out,
+        command,
+        probe_stats: p.probe_stats,
+        detectors: p.detectors.config(p.freq),
+        loop_symbol: p.detectors.loop_symbol.clone(),
+        exe,
+        detector_probes: !p.no_detector_probes,
+        phase_probe: p.phase.config()?,
+        slot_source: p.slot_source,
+        save_events: p.save_events,
+    })
 }
 
 /// Starts `argv` held: the child is slotprof itself, waiting on a pipe,
