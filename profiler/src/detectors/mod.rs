@@ -246,12 +246,27 @@ pub fn run_all(
     buckets: &Buckets,
     names: &mut NameStack,
 ) -> Vec<Finding> {
-    let mut findings = main_loop_gap::detect(inputs, config, buckets, names);
-    findings.extend(sync_allocator_purge::detect(inputs, config, buckets, names));
-    findings.extend(lock_contention::detect(inputs, config, buckets, names));
+    let mut findings: Vec<Finding> = EVENT_DETECTORS
+        .iter()
+        .flat_map(|(_, detect)| detect(inputs, config, buckets, names))
+        .collect();
     findings.sort_by_key(|f| (f.start_ns, f.kind));
     findings
 }
+
+/// A detector over the event stream: the signature every one of them has.
+pub type Detect = fn(&Inputs, &DetectorConfig, &Buckets, &mut NameStack) -> Vec<Finding>;
+
+/// The detectors [`run_all`] runs, with the kind each finds. The other two
+/// kinds read other inputs: [`FindingKind::CacheLinePingPong`] decoded
+/// memory accesses ([`cache_line_ping_pong::detect`], through
+/// `pipeline::cache_lines`), [`FindingKind::KvmMmuInvalidation`] the host's
+/// per-second series (`host`).
+pub const EVENT_DETECTORS: [(FindingKind, Detect); 3] = [
+    (FindingKind::MainLoopGap, main_loop_gap::detect),
+    (FindingKind::SyncAllocatorPurge, sync_allocator_purge::detect),
+    (FindingKind::LockContention, lock_contention::detect),
+];
 
 /// Overlap of `[a0, a1)` and `[b0, b1)` in ns.
 pub(crate) fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
