@@ -178,13 +178,10 @@ pub struct Config {
     pub retention_age: Duration,
     pub free_space_floor: u64,
     pub metrics_listen: SocketAddr,
-    pub loop_thread: Option<crate::detectors::LoopThread>,
     pub loop_symbol: Option<String>,
-    pub gap_threshold: Duration,
-    pub hot_threads: Vec<String>,
-    pub purge_threshold: Duration,
-    pub lock_threshold: Duration,
-    pub pingpong_threshold: f64,
+    /// The detectors' settings, lowered here as the CLI lowers its own
+    /// (`cli::DetectorArgs::config`) into the one type they read.
+    pub detectors: crate::detectors::DetectorConfig,
     pub phase_probe: Option<PhaseConfig>,
 }
 
@@ -290,21 +287,28 @@ impl Config {
             retention_age: dur("export.retention_age", &f.export.retention_age)?,
             free_space_floor: bytes("export.free_space_floor", &f.export.free_space_floor)?,
             metrics_listen,
-            loop_thread: f
-                .detectors
-                .loop_thread
-                .as_deref()
-                .map(|t| {
-                    t.parse()
-                        .map_err(|e: String| anyhow::anyhow!("detectors.loop_thread: {e}"))
-                })
-                .transpose()?,
-            loop_symbol: f.detectors.loop_symbol,
-            gap_threshold: dur("detectors.gap_threshold", &f.detectors.gap_threshold)?,
-            hot_threads: f.detectors.hot_threads,
-            purge_threshold: dur("detectors.purge_threshold", &f.detectors.purge_threshold)?,
-            lock_threshold: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?,
-            pingpong_threshold: f.detectors.pingpong_threshold,
+            loop_symbol: f.detectors.loop_symbol.clone(),
+            detectors: crate::detectors::DetectorConfig {
+                loop_thread: f
+                    .detectors
+                    .loop_thread
+                    .as_deref()
+                    .map(|t| {
+                        t.parse()
+                            .map_err(|e: String| anyhow::anyhow!("detectors.loop_thread: {e}"))
+                    })
+                    .transpose()?,
+                gap_threshold_ns: dur("detectors.gap_threshold", &f.detectors.gap_threshold)?.as_nanos()
+                    as u64,
+                hot_threads: f.detectors.hot_threads,
+                purge_threshold_ns: dur("detectors.purge_threshold", &f.detectors.purge_threshold)?.as_nanos()
+                    as u64,
+                lock_threshold_ns: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?.as_nanos()
+                    as u64,
+                sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
+                topology: None,
+                pingpong_threshold: f.detectors.pingpong_threshold,
+            },
             phase_probe,
         })
     }

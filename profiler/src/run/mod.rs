@@ -108,16 +108,7 @@ fn needs_reattach(old: &Config, new: &Config) -> bool {
 }
 
 fn detector_config(config: &Config) -> DetectorConfig {
-    DetectorConfig {
-        loop_thread: config.loop_thread.clone(),
-        gap_threshold_ns: config.gap_threshold.as_nanos() as u64,
-        hot_threads: config.hot_threads.clone(),
-        purge_threshold_ns: config.purge_threshold.as_nanos() as u64,
-        lock_threshold_ns: config.lock_threshold.as_nanos() as u64,
-        sample_period_ns: 1_000_000_000 / config.frequency_hz.max(1),
-        topology: None,
-        pingpong_threshold: config.pingpong_threshold,
-    }
+    config.detectors.clone()
 }
 
 /// A reloaded configuration made ready to take over: everything that can
