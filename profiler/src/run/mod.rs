@@ -868,17 +868,67 @@ impl Follow {
         Ok(alive)
     }
 
-    /// Aggregates, detects and exports `done` (finished, consecutive).
+    /// Aggregates `done` (finished, consecutive) with what only the kernel
+    /// knows (threads asleep now, the stack maps, short futex waits), then
+    /// hands it to the kernel-free [`Chunk::analyze_and_export`].
     fn process(&mut self, chunk: &mut Chunk, done: &[Slot]) -> anyhow::Result<()> {
-        self.processed_until = chunk.process(
-            done,
-            self.processed_until,
-            &mut self.pending,
-            &mut self.probes,
-            &mut self.stacks,
+        // Events between `processed_until` and the first slot (before the
+        // slot source gave one) fall outside every slot: aggregated, never
+        // exported.
+        let c = self.processed_until;
+        let b = done.last().unwrap().end_ns;
+        let pid = chunk.target.pid;
+        let mut agg = Aggregator::new();
+        self.pending.take_until(c, b, &mut agg);
+        let in_flight = self.probes.in_flight_offcpu();
+        let user = &mut self.stacks.user;
+        self.pending.count_open(
+            &in_flight,
+            pid,
+            c,
+            b,
+            chunk.config.min_offcpu.as_nanos() as u64,
+            &mut agg,
+            &mut |tid, start| user.of_sleeper(pid, tid, start),
+        );
+        let table = self.stacks.table(&self.probes, agg.stack_ids()?);
+        // Stacks of events still pending and of threads asleep now are
+        // copied before their map is emptied.
+        let still_needed = self
+            .pending
+            .events
+            .iter()
+            .flat_map(Event::stack_ids)
+            .chain(in_flight.iter().flat_map(|(_, s)| s.stack_ids()));
+        let emptied = self.stacks.rotate(&mut self.probes, still_needed)?;
+        {
+            let mut snap = chunk.snapshot.lock().unwrap();
+            snap.stacks_emptied += emptied as u64;
+            let t = &self.stacks.user.unwinder.totals;
+            snap.user_stacks = std::collections::BTreeMap::from([
+                ("complete", t.complete),
+                ("truncated", t.truncated),
+                ("stack_copy_ended", t.stack_copy_end),
+                ("no_unwind_info", t.no_unwind_info),
+                ("unwind_error", t.errors),
+            ]);
+            snap.unwind_table_bytes = self.stacks.user.unwinder.table_bytes() as u64;
+        }
+        let short_futex = self.probes.short_futex_waits();
+        let window = Window {
+            slots: done,
+            from: c,
+            agg: &agg,
+            table: &table,
+            short_futex: &short_futex,
+        };
+        chunk.analyze_and_export(
+            &window,
+            &mut self.pending.cache_windows,
             &mut self.sym,
             self.phase.as_mut(),
         )?;
+        self.processed_until = b;
         Ok(())
     }
 
@@ -1078,74 +1128,45 @@ struct Chunk<'a> {
     snapshot: &'a Arc<Mutex<Snapshot>>,
 }
 
+/// A batch of finished slots, aggregated, with what the kernel told of
+/// them: all that [`Chunk::analyze_and_export`] reads.
+struct Window<'a> {
+    /// Consecutive, finished.
+    slots: &'a [Slot],
+    /// Where the batch's events begin (the end of the previous batch).
+    from: u64,
+    agg: &'a Aggregator,
+    table: &'a crate::aggregate::StackTable,
+    short_futex: &'a [(u64, u64, u64)],
+}
+
 impl Chunk<'_> {
-    /// Aggregates, detects and exports `slots` (consecutive, finished);
-    /// returns the end of the last.
-    #[allow(clippy::too_many_arguments)]
-    fn process(
+    /// Names the stacks of a batch of slots, runs the detectors on it
+    /// (and the cache-line one on leader windows it completes), and exports
+    /// each slot; no kernel access.
+    fn analyze_and_export(
         &mut self,
-        slots: &[Slot],
-        from: u64,
-        pending: &mut Pending,
-        probes: &mut Probes,
-        stacks: &mut StackCache,
+        w: &Window,
+        cache_windows: &mut crate::pipeline::LeaderWindows,
         sym: &mut Symbolizer,
         mut phase: Option<&mut Phase>,
-    ) -> anyhow::Result<u64> {
-        // Events between `from` and the first slot (before the slot source
-        // gave one) fall outside every slot: aggregated, never exported.
-        let c = from;
-        let b = slots.last().unwrap().end_ns;
-        let mut agg = Aggregator::new();
-        pending.take_until(c, b, &mut agg);
-        let in_flight = probes.in_flight_offcpu();
-        pending.count_open(
-            &in_flight,
-            self.target.pid,
-            c,
-            b,
-            self.config.min_offcpu.as_nanos() as u64,
-            &mut agg,
-            &mut |tid, start| stacks.user.of_sleeper(self.target.pid, tid, start),
-        );
-        let table = stacks.table(probes, agg.stack_ids()?);
-        // Stacks of events still pending and of threads asleep now are
-        // copied before their map is emptied.
-        let still_needed = pending
-            .events
-            .iter()
-            .flat_map(Event::stack_ids)
-            .chain(in_flight.iter().flat_map(|(_, s)| s.stack_ids()));
-        let emptied = stacks.rotate(probes, still_needed)?;
-        {
-            let mut snap = self.snapshot.lock().unwrap();
-            snap.stacks_emptied += emptied as u64;
-            let t = &stacks.user.unwinder.totals;
-            snap.user_stacks = std::collections::BTreeMap::from([
-                ("complete", t.complete),
-                ("truncated", t.truncated),
-                ("stack_copy_ended", t.stack_copy_end),
-                ("no_unwind_info", t.no_unwind_info),
-                ("unwind_error", t.errors),
-            ]);
-            snap.unwind_table_bytes = stacks.user.unwinder.table_bytes() as u64;
-        }
+    ) -> anyhow::Result<()> {
+        let (slots, c, agg, table) = (w.slots, w.from, w.agg, w.table);
         let timeline = Timeline::new(slots.to_vec());
-        let per_slot = agg.resolve_slots(&timeline, &table, sym)?;
-        let short_futex = probes.short_futex_waits();
+        let per_slot = agg.resolve_slots(&timeline, table, sym)?;
         let buckets = detectors::Buckets::new(Some(&timeline), c);
         let mut findings = crate::pipeline::detect(
-            &agg,
+            agg,
             self.target.pid,
-            &short_futex,
+            w.short_futex,
             &self.detector_config,
             &buckets,
-            &table,
+            table,
             sym,
         )?;
-        findings.extend(pending.cache_windows.findings(
+        findings.extend(cache_windows.findings(
             slots,
-            &agg,
+            agg,
             self.target.pid,
             self.topology,
             self.detector_config.pingpong_threshold,
@@ -1191,7 +1212,7 @@ impl Chunk<'_> {
             s.export_write_errors = self.exporter.write_errors;
             s.export_bytes = self.exporter.bytes();
         }
-        Ok(b)
+        Ok(())
     }
 }
 
