@@ -106,16 +106,7 @@ pub fn cache_lines(
         *per_thread.entry(r.tid).or_insert(0u64) += 1;
     }
     // The detector reads only the pid and the thread names of its inputs.
-    let inputs = Inputs {
-        pid,
-        samples: &[],
-        intervals: &[],
-        madvise: &[],
-        futex: &[],
-        loop_marks: &[],
-        short_futex: &[],
-        thread_names,
-    };
+    let inputs = Inputs::empty(pid, thread_names);
     let findings = detectors::cache_line_ping_pong::detect(
         &inputs,
         &accesses,

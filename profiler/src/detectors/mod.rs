@@ -166,7 +166,23 @@ pub struct Inputs<'a> {
     pub thread_names: &'a HashMap<u32, String>,
 }
 
-impl Inputs<'_> {
+impl<'a> Inputs<'a> {
+    /// Inputs of process `pid` with no events: what a detector that reads
+    /// only the pid and the thread names gets (the cache-line one), and what
+    /// the unit tests fill in.
+    pub fn empty(pid: u32, thread_names: &'a HashMap<u32, String>) -> Inputs<'a> {
+        Inputs {
+            pid,
+            samples: &[],
+            intervals: &[],
+            madvise: &[],
+            futex: &[],
+            loop_marks: &[],
+            short_futex: &[],
+            thread_names,
+        }
+    }
+
     pub(crate) fn thread_name(&self, tid: u32) -> String {
         self.thread_names
             .get(&tid)
@@ -286,16 +302,7 @@ pub(crate) mod test_support {
 
     /// Inputs of process 1 with no events at all (tests fill in theirs).
     pub fn empty_inputs(names: &HashMap<u32, String>) -> Inputs<'_> {
-        Inputs {
-            pid: 1,
-            samples: &[],
-            intervals: &[],
-            madvise: &[],
-            futex: &[],
-            loop_marks: &[],
-            short_futex: &[],
-            thread_names: names,
-        }
+        Inputs::empty(1, names)
     }
 
     pub fn comm(s: &str) -> [u8; COMM_LEN] {
