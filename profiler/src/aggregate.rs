@@ -85,6 +85,9 @@ pub struct Aggregator {
     pub offcpu_ns: u64,
     /// Records that did not decode (never expected; counted, not trusted).
     pub malformed: u64,
+    /// Every event counted, as records (`events::write_raw`), while a
+    /// recording for `replay` is asked for (`--save-replay`).
+    pub recording: Option<Vec<u8>>,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -107,6 +110,9 @@ impl Aggregator {
 
     /// Counts one decoded record.
     pub fn ingest(&mut self, event: &Event) {
+        if let Some(r) = &mut self.recording {
+            let _ = crate::events::write_raw(r, &event.to_bytes());
+        }
         match event {
             Event::Sample(s) => self.sample(s),
             Event::OffCpu(o) => self.interval(o, false),
@@ -196,6 +202,9 @@ impl Aggregator {
             waker_comm: [0; COMM_LEN],
             woken_ns: 0,
         };
+        if let Some(r) = &mut self.recording {
+            let _ = crate::events::write_raw(r, &Event::OffCpu(interval).to_bytes());
+        }
         self.interval(&interval, true);
     }
 

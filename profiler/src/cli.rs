@@ -126,6 +126,11 @@ pub struct ProfileArgs {
     /// profiler --bench aggregate -- FILE`, the aggregator's throughput).
     #[arg(long, value_name = "FILE", hide = true)]
     pub save_events: Option<PathBuf>,
+    /// Also write a recording of what the detectors were given into DIR,
+    /// for replay without root (`profiler::replay`; `cargo xtask
+    /// record-fixtures` makes the committed ones).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub save_replay: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

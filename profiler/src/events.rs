@@ -18,6 +18,21 @@ pub enum Event {
 }
 
 impl Event {
+    /// The record's bytes as the kernel writes them ([`decode`] reads them
+    /// back): the `replay` recordings.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Event::Sample(s) => record_bytes(s),
+            Event::OffCpu(o) => record_bytes(o),
+            Event::SlotMark(m) => record_bytes(m),
+            Event::Madvise(m) => record_bytes(m),
+            Event::FutexWait(f) => record_bytes(f),
+            Event::LoopMark(m) => record_bytes(m),
+            Event::UserRegs(r) => record_bytes(r),
+            Event::Host(h) => record_bytes(h),
+        }
+    }
+
     /// The stack ids the event refers to (errors and markers included; the
     /// caller keeps the ones it can read).
     pub fn stack_ids(&self) -> Vec<i32> {
@@ -95,12 +110,42 @@ pub fn comm_str(comm: &[u8]) -> String {
 /// A record's bytes as the kernel writes them (for tests).
 #[cfg(test)]
 pub(crate) fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
-    // SAFETY: plain-data repr(C) records, read as bytes.
+    record_bytes(v)
+}
+
+/// The bytes of a plain-data record.
+fn record_bytes<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: the records are repr(C) plain data laid out without implicit
+    // padding (the eBPF side writes every byte: the verifier rejects
+    // uninitialized stack bytes in a ring-buffer output), read as bytes.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
 }
 
 #[cfg(test)]
 mod tests {
+
+    /// `Event::to_bytes` reads whole records as bytes: none may have
+    /// padding. Each size here is the sum of the record's field sizes (as
+    /// declared in profiler-ebpf), so a size_of that differs means padding
+    /// (or a changed record: then this table and replay recordings change).
+    #[test]
+    fn replayed_records_have_no_padding_and_round_trip() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<CpuSample>(), 4 + 4 + 8 + 4 + 4 + 4 + 4 + 16);
+        assert_eq!(size_of::<OffCpuInterval>(), 96);
+        assert_eq!(size_of::<SlotMark>(), 32);
+        assert_eq!(size_of::<MadviseCall>(), 80);
+        assert_eq!(size_of::<FutexWait>(), 112);
+        assert_eq!(size_of::<LoopMark>(), 32);
+        assert_eq!(size_of::<UserRegs>(), 4 + 4 + 8 + 4 + 4 + 21 * 8);
+        let mut s: CpuSample = unsafe { std::mem::zeroed() };
+        (s.kind, s.ts_ns, s.tid) = (EventKind::CpuSample as u32, 77, 5);
+        match decode(&Event::Sample(s).to_bytes()) {
+            Some(Event::Sample(back)) => assert_eq!((back.ts_ns, back.tid), (77, 5)),
+            other => panic!("{other:?}"),
+        }
+    }
+
     use super::*;
 
     #[test]

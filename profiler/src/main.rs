@@ -161,6 +161,7 @@ fn session_options(
         phase_probe: p.phase.config()?,
         slot_source: p.slot_source,
         save_events: p.save_events,
+        save_replay: p.save_replay,
     })
 }
 

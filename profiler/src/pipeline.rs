@@ -12,7 +12,9 @@ use symbolizer::Symbolizer;
 
 use crate::{
     aggregate::{Aggregator, StackNamer, StackTable},
-    detectors::{self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs},
+    detectors::{
+        self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs, NameStack,
+    },
     memory_access::DecodeStats,
     records::Interval,
     topology::Topology,
@@ -31,16 +33,27 @@ pub fn detect(
     table: &StackTable,
     sym: &mut Symbolizer,
 ) -> std::io::Result<Vec<Finding>> {
+    let mut namer = StackNamer::new(table, sym);
+    detect_named(agg, pid, short_futex, config, buckets, &mut |tgid, id, kernel| {
+        namer.part(tgid, id, kernel)
+    })
+}
+
+/// [`detect`] with stacks named by `names` ((tgid, stack id, kernel) ->
+/// frames, root first): a live session's symbolizer, or a recording's
+/// names when it is replayed (`replay`).
+pub fn detect_named(
+    agg: &Aggregator,
+    pid: u32,
+    short_futex: &[(u64, u64, u64)],
+    config: &DetectorConfig,
+    buckets: &Buckets,
+    names: &mut NameStack,
+) -> std::io::Result<Vec<Finding>> {
     let thread_names = agg.thread_names();
     let intervals = detector_intervals(agg, config, &thread_names)?;
     let inputs = inputs(agg, pid, short_futex, &thread_names, &intervals);
-    let mut namer = StackNamer::new(table, sym);
-    Ok(detectors::run_all(
-        &inputs,
-        config,
-        buckets,
-        &mut |tgid, id, kernel| namer.part(tgid, id, kernel),
-    ))
+    Ok(detectors::run_all(&inputs, config, buckets, names))
 }
 
 /// What the detectors read, from what `agg` counted; `intervals` are

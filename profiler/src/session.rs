@@ -52,6 +52,8 @@ pub struct SessionOptions {
     pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
     /// Write every raw record here too (see [`crate::events::write_raw`]).
     pub save_events: Option<PathBuf>,
+    /// Write a recording for `replay` here.
+    pub save_replay: Option<PathBuf>,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -216,7 +218,11 @@ impl Live {
             phase_probe,
             saved,
             progress: std::io::stderr().is_terminal(),
-            agg: Aggregator::new(),
+            agg: {
+                let mut agg = Aggregator::new();
+                agg.recording = opts.save_replay.as_ref().map(|_| Vec::new());
+                agg
+            },
             exited_after: None,
             maps_errors: MapsErrors::default(),
             stacks: StackCache::default(),
@@ -574,16 +580,37 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
         Some(file) => crate::topology::Topology::from_file(file)?,
         None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
     };
-    let mut findings = crate::pipeline::detect(
+    let mut named = crate::replay::NameLog::default();
+    let mut namer = crate::aggregate::StackNamer::new(&c.table, &mut c.sym);
+    let mut findings = crate::pipeline::detect_named(
         &c.agg,
         c.target.pid,
         &c.short_futex,
         &opts.detectors,
         &buckets,
-        &c.table,
-        &mut c.sym,
+        &mut |tgid, id, kernel| {
+            let frames = namer.part(tgid, id, kernel);
+            named.note(tgid, id, kernel, &frames);
+            frames
+        },
     )
     .context("reading back the off-CPU intervals")?;
+    drop(namer);
+    if let Some(dir) = &opts.save_replay {
+        let recording = crate::replay::Recording {
+            version: crate::replay::VERSION,
+            command: opts.command.to_string(),
+            pid: c.target.pid,
+            started_ns: c.started_mono,
+            slots: opts.slot_source.is_some().then(|| timeline.slots().to_vec()),
+            detectors: opts.detectors.clone(),
+            short_futex: c.short_futex.clone(),
+            names: named.into_names(),
+            findings: serde_json::to_value(&findings)?,
+        };
+        let events = c.agg.recording.take().unwrap_or_default();
+        crate::replay::write(dir, &recording, &events)?;
+    }
     let found = crate::pipeline::cache_lines(
         &c.agg.user_regs,
         c.target.pid,

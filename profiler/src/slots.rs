@@ -20,7 +20,7 @@ pub fn monotonic_ns() -> u64 {
 pub const SLOTS_PER_WINDOW: u64 = 4;
 
 /// One slot as seen from this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Slot {
     pub number: u64,
     /// CLOCK_MONOTONIC ns.

@@ -98,7 +98,7 @@ pub struct Finding {
 }
 
 /// Which thread runs the main loop.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum LoopThread {
     Name(String),
     Tid(u32),
@@ -117,7 +117,7 @@ impl std::str::FromStr for LoopThread {
 }
 
 /// Detector settings (CLI flags).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct DetectorConfig {
     /// The main-loop thread, if named; else the thread that calls the
     /// loop symbol, if given.
