@@ -10,8 +10,10 @@
 //! - `cargo xtask fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing (10 min a target).
 //! - `cargo xtask soak [--minutes N]`: `slotprof run` under random faults; BENCHMARKS.md.
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
+//! - `cargo xtask record-fixtures`: the replay fixtures of tests/fixtures/replay/ (root).
 
 mod bench;
+mod fixtures;
 mod fuzz;
 mod outcomes;
 mod setup;
@@ -47,12 +49,15 @@ fn main() -> ExitCode {
         Some("soak") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| soak::run(&root(), &args[1..])),
+        Some("record-fixtures") => setup::run(&root())
+            .and_then(|_| build(&root()))
+            .and_then(|_| fixtures::run(&root())),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]>"
+                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]|record-fixtures>"
             );
             return ExitCode::from(2);
         }

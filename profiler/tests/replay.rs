@@ -1,0 +1,216 @@
+//! The committed recordings of `tests/fixtures/replay/` (made by `sudo
+//! cargo xtask record-fixtures` from the stall programs under real
+//! probes), replayed without root or a kernel:
+//! - through what a session runs: the findings must be exactly the ones the
+//!   live session made when it was recorded;
+//! - through what `slotprof run` runs, slot by slot: checked against the
+//!   stall program's own report (`truth.json`), precision and recall, and
+//!   the fixed twins stay silent.
+
+use std::path::{Path, PathBuf};
+
+use profiler::{detectors::Finding, replay};
+use serde_json::Value;
+
+fn fixture(name: &str) -> (replay::Recording, Vec<u8>, Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/replay")
+        .join(name);
+    let (rec, events) = replay::read(&dir).unwrap_or_else(|e| {
+        panic!(
+            "{e:#}: the fixture {name} is missing or broken: `sudo cargo xtask record-fixtures` records it"
+        )
+    });
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("truth.json")).unwrap()).unwrap();
+    (rec, events, truth)
+}
+
+fn fixtures() -> Vec<String> {
+    let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/replay");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn of_kind<'a>(f: &'a [Finding], kind: &str) -> Vec<&'a Finding> {
+    f.iter().filter(|f| f.kind.as_str() == kind).collect()
+}
+
+/// Every fixture: the session's path on the recording gives exactly the
+/// findings the live session made.
+#[test]
+fn every_recording_replays_to_the_findings_its_session_made() {
+    let names = fixtures();
+    assert!(names.len() >= 5, "fixtures: {names:?}");
+    for name in names {
+        let (rec, events, _) = fixture(&name);
+        let (decoded, bad) = replay::decode(&events);
+        assert!(
+            !decoded.is_empty() && bad == 0,
+            "{name}: {} events, {bad} undecodable",
+            decoded.len()
+        );
+        let found = replay::detect(&rec, &events).unwrap();
+        let got = serde_json::to_value(&found).unwrap();
+        assert_eq!(
+            got, rec.findings,
+            "{name}: the replay's findings differ from the live session's"
+        );
+        eprintln!(
+            "{name}: {} events, {} findings, as live",
+            decoded.len(),
+            found.len()
+        );
+    }
+}
+
+/// MainLoopGap slot by slot: every injected gap over the threshold is
+/// found in the slot it began in (or, across a slot's end, the next); no
+/// finding where the program injected nothing (5% allowed: a gap the
+/// machine made, such as a wait for a CPU, is real but not in the report).
+#[test]
+fn always_on_finds_the_injected_gaps_in_their_slots() {
+    let (rec, events, truth) = fixture("gaps");
+    let found = replay::always_on(&rec, &events).unwrap();
+    let gaps = of_kind(&found, "MainLoopGap");
+    let threshold = rec.detectors.gap_threshold_ns;
+    let injected: Vec<(u64, u64, &str)> = truth["gaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["start_ns"].as_u64().unwrap(),
+                g["end_ns"].as_u64().unwrap(),
+                g["kind"].as_str().unwrap(),
+            )
+        })
+        .filter(|(s, e, _)| e - s >= threshold)
+        .collect();
+    assert!(
+        injected.len() >= 5,
+        "{} injected gaps over the threshold",
+        injected.len()
+    );
+    let slots = rec.slots.as_ref().unwrap();
+    let mut found_n = 0;
+    for (s, e, _kind) in &injected {
+        let hit = gaps
+            .iter()
+            .find(|f| f.start_ns <= *e && f.start_ns + f.duration_ns >= *s);
+        let Some(hit) = hit else { continue };
+        found_n += 1;
+        // In the slot it began in; one that spans a slot's end is found
+        // when the later slot is processed (the earlier one is exported by
+        // then) and placed there.
+        let slot_at = |t: u64| {
+            slots
+                .iter()
+                .find(|x| x.start_ns <= t && t < x.end_ns)
+                .map(|x| x.number)
+        };
+        let (began, ended) = (slot_at(hit.start_ns), slot_at(hit.start_ns + hit.duration_ns - 1));
+        assert!(
+            hit.slot == began || hit.slot == ended,
+            "a gap at {s} placed in slot {:?}, not {began:?} where it began or {ended:?} where it ended",
+            hit.slot
+        );
+    }
+    eprintln!(
+        "always-on replay: {found_n} of {} injected gaps found, {} MainLoopGap findings",
+        injected.len(),
+        gaps.len()
+    );
+    assert!(
+        found_n as f64 >= 0.9 * injected.len() as f64,
+        "always-on replay found {found_n} of {} injected gaps",
+        injected.len()
+    );
+    let stray = gaps
+        .iter()
+        .filter(|f| {
+            !truth["gaps"].as_array().unwrap().iter().any(|g| {
+                let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+                f.start_ns < e + 1_000_000 && s < f.start_ns + f.duration_ns + 1_000_000
+            })
+        })
+        .count();
+    assert!(
+        stray * 20 <= gaps.len().max(1),
+        "{stray} of {} always-on gaps match no injected gap",
+        gaps.len()
+    );
+}
+
+/// The smooth twin: no gap of an injected kind slot by slot either.
+#[test]
+fn always_on_finds_no_injected_kind_on_the_smooth_twin() {
+    let (rec, events, _) = fixture("gaps-smooth");
+    let found = replay::always_on(&rec, &events).unwrap();
+    let invented: Vec<&Finding> = of_kind(&found, "MainLoopGap")
+        .into_iter()
+        .filter(|f| {
+            f.cause.as_deref() == Some("lock wait (futex)")
+                || f.stack.iter().any(|s| {
+                    ["drop_big_bank", "injected_sleep", "wait_for_bank_lock"]
+                        .iter()
+                        .any(|n| s.contains(n))
+                })
+        })
+        .collect();
+    assert!(invented.is_empty(), "{invented:?}");
+}
+
+/// LockContention slot by slot: in slots where the program waited for its
+/// bank lock, and nowhere else.
+#[test]
+fn always_on_finds_lock_contention_only_where_the_program_waited() {
+    let (rec, events, truth) = fixture("lock");
+    let found = replay::always_on(&rec, &events).unwrap();
+    let locks = of_kind(&found, "LockContention");
+    assert!(!locks.is_empty(), "no LockContention slot by slot");
+    let slots = rec.slots.as_ref().unwrap();
+    let waited: Vec<u64> = truth["gaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kind"] == "lock")
+        .flat_map(|g| {
+            let (s, e) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+            slots
+                .iter()
+                .filter(move |x| x.start_ns < e && s < x.end_ns)
+                .map(|x| x.number)
+        })
+        .collect();
+    for f in &locks {
+        assert!(
+            f.slot.is_some_and(|n| waited.contains(&n)),
+            "LockContention in slot {:?}, where the program waited for no lock (it did in {waited:?})",
+            f.slot
+        );
+    }
+}
+
+/// SyncAllocatorPurge slot by slot: on the sync twin in most slots, on
+/// the background twin never.
+#[test]
+fn always_on_finds_purges_on_the_sync_twin_only() {
+    let (rec, events, truth) = fixture("purge-sync");
+    let found = replay::always_on(&rec, &events).unwrap();
+    let purges = of_kind(&found, "SyncAllocatorPurge");
+    assert!(purges.len() >= 4, "{} purge findings slot by slot", purges.len());
+    let pid = truth["pid"].as_u64().unwrap() as u32;
+    assert!(purges.iter().all(|f| f.tid == pid), "a purge off the hot thread");
+    let (rec, events, _) = fixture("purge-background");
+    let found = replay::always_on(&rec, &events).unwrap();
+    assert!(
+        of_kind(&found, "SyncAllocatorPurge").is_empty(),
+        "the background twin: {found:?}"
+    );
+}
