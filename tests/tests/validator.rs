@@ -672,10 +672,24 @@ fn a_stopped_node_is_a_main_loop_gap_in_the_slot_it_hit() {
             g["slot"],
             g["explanation"]
         );
+        // The gap is the slot it began in: the stop's, or the next when
+        // the thread stopped only after that slot's end (the signal reaches
+        // it a few ms after it is sent: 3.7 ms once, across a boundary).
+        let began = slots
+            .iter()
+            .find(|(_, s)| {
+                let start = g["start_ns"].as_u64().unwrap();
+                s["start_ns"].as_u64().unwrap() <= start && start < s["end_ns"].as_u64().unwrap()
+            })
+            .map(|(n, _)| *n);
         assert_eq!(
             g["slot"].as_u64(),
-            slot,
-            "stop {i}: the gap is not in the slot the stop hit"
+            began,
+            "stop {i}: the gap is not in the slot it began in"
+        );
+        assert!(
+            began == slot || began == slot.map(|n| n + 1),
+            "stop {i}: the gap began in slot {began:?}, the stop was sent in {slot:?}"
         );
         assert!(
             g["explanation"].as_str().unwrap().contains("stopped by a signal"),
