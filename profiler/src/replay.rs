@@ -136,13 +136,22 @@ pub fn detect(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Findin
     }
     let timeline = recording.slots.clone().map(Timeline::new);
     let buckets = Buckets::new(timeline.as_ref(), recording.started_ns);
-    let names = names(recording);
+    detect_with(recording, &names(recording), &agg, &buckets)
+}
+
+/// The detectors over `agg` with the recording's settings and names.
+fn detect_with(
+    recording: &Recording,
+    names: &HashMap<(u32, i32, bool), Vec<String>>,
+    agg: &Aggregator,
+    buckets: &Buckets,
+) -> anyhow::Result<Vec<Finding>> {
     Ok(crate::pipeline::detect_named(
-        &agg,
+        agg,
         recording.pid,
         &recording.short_futex,
         &recording.detectors,
-        &buckets,
+        buckets,
         &mut |tgid, id, kernel| names.get(&(tgid, id, kernel)).cloned().unwrap_or_default(),
     )?)
 }
@@ -169,14 +178,7 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         pending.take_until(c, slot.end_ns, &mut agg);
         let timeline = Timeline::new(vec![slot.clone()]);
         let buckets = Buckets::new(Some(&timeline), c);
-        let mut found = crate::pipeline::detect_named(
-            &agg,
-            recording.pid,
-            &recording.short_futex,
-            &recording.detectors,
-            &buckets,
-            &mut |tgid, id, kernel| names.get(&(tgid, id, kernel)).cloned().unwrap_or_default(),
-        )?;
+        let mut found = detect_with(recording, &names, &agg, &buckets)?;
         crate::slot_window::place_in_slots(&mut found, &timeline, std::slice::from_ref(slot));
         findings.extend(found);
         c = slot.end_ns;

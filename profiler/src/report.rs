@@ -478,9 +478,7 @@ pub fn write_profiles_each(
 }
 
 /// `uname -r`.
-pub fn kernel_release() -> String {
-    crate::sys::kernel_release()
-}
+pub use crate::sys::kernel_release;
 
 /// This process's peak resident memory (VmHWM), 0 if unknown.
 pub fn peak_rss_bytes() -> u64 {

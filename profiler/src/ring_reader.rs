@@ -21,7 +21,7 @@
 //! records.
 
 use std::{
-    os::fd::{AsRawFd, RawFd},
+    os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
@@ -210,7 +210,7 @@ impl RingReader {
                         return ring;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(PACE_MS));
-                    wait_readable(fd, POLL_MS);
+                    crate::sys::wait_readable(fd, POLL_MS);
                 }
             })
             .map_err(|e| anyhow::anyhow!("cannot start the ring buffer's reader thread: {e}"))?;
@@ -264,11 +264,6 @@ impl Drop for RingReader {
     fn drop(&mut self) {
         let _ = self.finish();
     }
-}
-
-/// Waits until `fd` is readable or `timeout_ms` has passed.
-fn wait_readable(fd: RawFd, timeout_ms: i32) {
-    crate::sys::wait_readable(fd, timeout_ms)
 }
 
 #[cfg(test)]

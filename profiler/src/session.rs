@@ -576,10 +576,7 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
     };
     let timeline = c.timeline(opts);
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), c.started_mono);
-    let topology = match &opts.detectors.topology {
-        Some(file) => crate::topology::Topology::from_file(file)?,
-        None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
-    };
+    let topology = crate::topology::Topology::of(opts.detectors.topology.as_deref())?;
     let mut named = crate::replay::NameLog::default();
     let mut namer = crate::aggregate::StackNamer::new(&c.table, &mut c.sym);
     let mut findings = crate::pipeline::detect_named(

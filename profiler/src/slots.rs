@@ -12,9 +12,7 @@ use serde::Serialize;
 
 /// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns` and so of
 /// every timestamp in a session.
-pub fn monotonic_ns() -> u64 {
-    crate::sys::monotonic_ns()
-}
+pub use crate::sys::monotonic_ns;
 
 /// Slots in a leader window.
 pub const SLOTS_PER_WINDOW: u64 = 4;

@@ -76,15 +76,10 @@ impl Target {
         match stat(self.pid) {
             Ok(Some((state, start))) => start == self.start_ticks && state != 'Z' && state != 'X',
             Ok(None) => true,
-            Err(e) if gone(&e) => false,
+            Err(e) if crate::sys::is_gone(&e) => false,
             Err(_) => crate::sys::process_exists(self.pid),
         }
     }
-}
-
-/// Whether reading a /proc file failed because the process is gone.
-fn gone(e: &std::io::Error) -> bool {
-    crate::sys::is_gone(e)
 }
 
 /// State letter and start time from /proc/PID/stat (`Ok(None)`: read but not

@@ -82,6 +82,15 @@ pub fn parse_cpu_list(s: &str) -> anyhow::Result<Vec<u32>> {
 }
 
 impl Topology {
+    /// The CCXs from `file` (`--topology`) when given, else from sysfs (none
+    /// known when sysfs says nothing).
+    pub fn of(file: Option<&std::path::Path>) -> anyhow::Result<Topology> {
+        Ok(match file {
+            Some(file) => Topology::from_file(file)?,
+            None => Topology::from_sysfs().unwrap_or_default(),
+        })
+    }
+
     /// Reads `/sys/devices/system/cpu`: cores from `thread_siblings_list`,
     /// CCXs from the L3 (`cache/index3/shared_cpu_list`; the highest cache
     /// level when there is no L3).

@@ -18,6 +18,19 @@ struct Fixture {
     slotprof: &'static [&'static str],
 }
 
+/// slotprof's options for the gap program and its smooth twin (as the
+/// MainLoopGap e2e test runs them).
+const GAPS_OPTIONS: &[&str] = &[
+    "-F",
+    "499",
+    "--loop-symbol",
+    "stall_loop_iteration",
+    "--gap-threshold",
+    "10ms",
+    "--slot-source",
+    "clock=400ms",
+];
+
 /// Short runs (the fixtures are committed): a few seconds each, every
 /// one with clock slots so that the always-on replay has slots to cut.
 const FIXTURES: &[Fixture] = &[
@@ -25,31 +38,13 @@ const FIXTURES: &[Fixture] = &[
         name: "gaps",
         program: "stall-gaps",
         args: &["--seconds", "3", "--gap-ms", "20"],
-        slotprof: &[
-            "-F",
-            "499",
-            "--loop-symbol",
-            "stall_loop_iteration",
-            "--gap-threshold",
-            "10ms",
-            "--slot-source",
-            "clock=400ms",
-        ],
+        slotprof: GAPS_OPTIONS,
     },
     Fixture {
         name: "gaps-smooth",
         program: "stall-gaps",
         args: &["--seconds", "2", "--smooth", "--slow-ms", "5"],
-        slotprof: &[
-            "-F",
-            "499",
-            "--loop-symbol",
-            "stall_loop_iteration",
-            "--gap-threshold",
-            "10ms",
-            "--slot-source",
-            "clock=400ms",
-        ],
+        slotprof: GAPS_OPTIONS,
     },
     Fixture {
         name: "lock",

@@ -75,13 +75,6 @@ pub fn detect(
         .map(|m| (m.ts_ns, m.page_faults))
         .collect();
     marks.sort_unstable();
-    // User page faults between the marks that open and close a gap.
-    let faults_in = |a: u64| -> u64 {
-        marks
-            .windows(2)
-            .find(|w| w[0].0 == a)
-            .map_or(0, |w| w[1].1.saturating_sub(w[0].1))
-    };
     let intervals: Vec<_> = inputs.intervals.iter().filter(|i| i.key.tid == tid).collect();
     let windows: Vec<(u64, u64)> = if marks.is_empty() {
         intervals
@@ -102,10 +95,9 @@ pub fn detect(
 
     let mut findings = Vec::new();
     for (a, b) in windows {
-        // A gap that began before these buckets (slotprof run cuts its
-        // slots in batches: the iteration's start mark came in the batch
-        // before) belongs to the slot it ended in; it was not seen there.
-        let Some((slot, _)) = buckets.of(a).or_else(|| buckets.of(b.saturating_sub(1))) else {
+        // One that began before these buckets (run cuts slots in batches:
+        // its start mark came in the batch before) is the slot it ended in.
+        let Some((slot, _)) = buckets.of(a).or_else(|| buckets.of(b - 1)) else {
             continue;
         };
         let gap = b - a;
@@ -174,7 +166,7 @@ pub fn detect(
             .filter(|(_, v)| *v > 0)
             .map(|(k, v)| format!("{k} {:.1} ms", ms(*v)))
             .collect();
-        let mut magnitudes = BTreeMap::from([
+        let magnitudes = BTreeMap::from([
             ("gap_ms", ms(gap)),
             ("oncpu_ms", ms(oncpu)),
             ("blocked_ms", ms(blocked_total)),
@@ -182,9 +174,9 @@ pub fn detect(
             ("madvise_ms", ms(madvise_ns)),
             ("futex_ms", ms(futex_ns)),
             ("threshold_ms", ms(config.gap_threshold_ns)),
+            ("page_faults", faults_from(&marks, a) as f64),
+            ("samples", samples_in as f64),
         ]);
-        magnitudes.insert("page_faults", faults_in(a) as f64);
-        magnitudes.insert("samples", samples_in as f64);
         findings.push(Finding {
             kind: crate::detectors::FindingKind::MainLoopGap,
             slot,
@@ -212,6 +204,15 @@ pub fn detect(
         });
     }
     findings
+}
+
+/// User page faults between the mark at `a` and the next (`marks`: (time,
+/// the thread's fault count), sorted).
+fn faults_from(marks: &[(u64, u64)], a: u64) -> u64 {
+    marks
+        .windows(2)
+        .find(|w| w[0].0 == a)
+        .map_or(0, |w| w[1].1.saturating_sub(w[0].1))
 }
 
 /// The stack that shows a gap's cause: the longest madvise call's, the

@@ -50,10 +50,6 @@ fn hash_chain(state: &mut [u8; 32], until_ns: u64) -> u64 {
     n
 }
 
-fn pin(cpu: u32) -> bool {
-    crate::sys::pin_to_cpu(cpu)
-}
-
 /// Starts one probe thread per CPU.
 pub fn start(config: &ProbeConfig) -> RunningProbe {
     let stop = Arc::new(AtomicBool::new(false));
@@ -67,7 +63,7 @@ pub fn start(config: &ProbeConfig) -> RunningProbe {
             std::thread::Builder::new()
                 .name(format!("slotprof-phase{cpu}"))
                 .spawn(move || {
-                    if !pin(cpu) {
+                    if !crate::sys::pin_to_cpu(cpu) {
                         return;
                     }
                     let mut state = [cpu as u8; 32];

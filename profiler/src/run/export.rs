@@ -131,9 +131,7 @@ fn dir_bytes(p: &Path) -> u64 {
 }
 
 /// Bytes free to an unprivileged writer on the file system holding `p`.
-pub fn free_bytes(p: &Path) -> Option<u64> {
-    crate::sys::free_bytes(p)
-}
+pub use crate::sys::free_bytes;
 
 fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)

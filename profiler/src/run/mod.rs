@@ -36,7 +36,7 @@ use tokio::signal::unix::SignalKind;
 use crate::{
     aggregate::Aggregator,
     config::{Config, TargetSpec},
-    detectors::{self, DetectorConfig},
+    detectors,
     events::Event,
     metrics::{self, Snapshot},
     probes::{ProbeConfig, Probes, StackCache},
@@ -105,10 +105,6 @@ fn needs_reattach(old: &Config, new: &Config) -> bool {
         || old.loop_symbol != new.loop_symbol
         || old.phase_probe != new.phase_probe
         || old.metrics_listen != new.metrics_listen
-}
-
-fn detector_config(config: &Config) -> DetectorConfig {
-    config.detectors.clone()
 }
 
 /// A reloaded configuration made ready to take over: everything that can
@@ -498,14 +494,9 @@ async fn follow(
         target.pid,
         config.export_dir.display()
     ));
-    let detectors = detector_config(config);
-    let topology = match &detectors.topology {
-        Some(file) => crate::topology::Topology::from_file(file)?,
-        None => crate::topology::Topology::from_sysfs().unwrap_or_default(),
-    };
+    let topology = crate::topology::Topology::of(config.detectors.topology.as_deref())?;
     let mut chunk = Chunk {
         config: config.clone(),
-        detector_config: detectors,
         target: &target,
         topology: &topology,
         exporter,
@@ -528,7 +519,6 @@ async fn follow(
                     Ok(new) => {
                         let new = new.config;
                         chunk.exporter.reconfigure(&new);
-                        chunk.detector_config = detector_config(&new);
                         chunk.config = new;
                         eprintln!("slotprof: configuration reloaded from {} (applied in place)", o.config.display());
                         crate::sd_notify::notify("READY=1");
@@ -992,7 +982,6 @@ fn feed(
 /// What processing a run of finished slots needs.
 struct Chunk<'a> {
     config: Config,
-    detector_config: DetectorConfig,
     target: &'a Target,
     topology: &'a crate::topology::Topology,
     exporter: &'a mut export::Exporter,
@@ -1030,7 +1019,7 @@ impl Chunk<'_> {
             agg,
             self.target.pid,
             w.short_futex,
-            &self.detector_config,
+            &self.config.detectors,
             &buckets,
             table,
             sym,
@@ -1040,7 +1029,7 @@ impl Chunk<'_> {
             agg,
             self.target.pid,
             self.topology,
-            self.detector_config.pingpong_threshold,
+            self.config.detectors.pingpong_threshold,
             sym,
         ));
         place_in_slots(&mut findings, &timeline, slots);
