@@ -19,11 +19,11 @@ use std::collections::HashMap;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, Register};
 use profiler_ebpf::{reg, UserRegs};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use symbolizer::Symbolizer;
 
 /// How an instruction touched memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum AccessKind {
     /// A locked read-modify-write (`lock add`, `lock cmpxchg`, `xchg`):
     /// what a lock or an atomic counter does.
@@ -41,7 +41,7 @@ impl AccessKind {
 }
 
 /// One memory access attributed to a sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryAccess {
     pub ts_ns: u64,
     pub tid: u32,

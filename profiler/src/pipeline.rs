@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::{Deserialize, Serialize};
 use symbolizer::Symbolizer;
 
 use crate::{
@@ -15,7 +16,7 @@ use crate::{
     detectors::{
         self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs, NameStack,
     },
-    memory_access::DecodeStats,
+    memory_access::{DecodeStats, MemoryAccess},
     records::Interval,
     topology::Topology,
 };
@@ -97,14 +98,15 @@ pub fn detector_intervals(
 /// What the cache-line detector saw and found.
 pub struct CacheLines {
     /// Memory accesses decoded from the samples.
-    pub accesses: usize,
+    pub accesses: Vec<MemoryAccess>,
     /// Why the other samples gave none.
     pub decoding: DecodeStats,
     pub findings: Vec<Finding>,
 }
 
 /// Decodes the user-mode samples with registers (`regs`) into memory
-/// accesses and ranks the cache lines two threads share across CPUs.
+/// accesses and ranks the cache lines two threads share across CPUs;
+/// `log` keeps every name the detector asked for (`--save-replay`).
 pub fn cache_lines(
     regs: &[UserRegs],
     pid: u32,
@@ -112,26 +114,101 @@ pub fn cache_lines(
     topology: &Topology,
     threshold: f64,
     sym: &mut Symbolizer,
+    log: Option<&mut AddressLog>,
 ) -> CacheLines {
     let (accesses, decoding) = crate::memory_access::decode(regs, sym);
+    let mut names = SymNames { sym, pid };
+    let sampled = regs.iter().map(|r| r.tid);
+    let findings = match log {
+        Some(log) => {
+            let mut logged = Logged {
+                inner: &mut names,
+                log,
+            };
+            cache_line_findings(
+                &accesses,
+                sampled,
+                pid,
+                thread_names,
+                topology,
+                threshold,
+                &mut logged,
+            )
+        }
+        None => cache_line_findings(
+            &accesses,
+            sampled,
+            pid,
+            thread_names,
+            topology,
+            threshold,
+            &mut names,
+        ),
+    };
+    CacheLines {
+        accesses,
+        decoding,
+        findings,
+    }
+}
+
+/// The cache-line detector over decoded `accesses`; `sampled` holds the
+/// thread of every user-mode sample with registers (each thread's share's
+/// denominator). What a live session and a replay both run.
+pub fn cache_line_findings(
+    accesses: &[MemoryAccess],
+    sampled: impl IntoIterator<Item = u32>,
+    pid: u32,
+    thread_names: &HashMap<u32, String>,
+    topology: &Topology,
+    threshold: f64,
+    names: &mut dyn AddressNames,
+) -> Vec<Finding> {
     let mut per_thread = BTreeMap::new();
-    for r in regs {
-        *per_thread.entry(r.tid).or_insert(0u64) += 1;
+    for tid in sampled {
+        *per_thread.entry(tid).or_insert(0u64) += 1;
     }
     // The detector reads only the pid and the thread names of its inputs.
     let inputs = Inputs::empty(pid, thread_names);
-    let findings = detectors::cache_line_ping_pong::detect(
-        &inputs,
-        &accesses,
-        &per_thread,
-        topology,
-        threshold,
-        &mut SymNames { sym, pid },
-    );
-    CacheLines {
-        accesses: accesses.len(),
-        decoding,
-        findings,
+    detectors::cache_line_ping_pong::detect(&inputs, accesses, &per_thread, topology, threshold, names)
+}
+
+/// The code and data names the cache-line detector asked for, as they
+/// were resolved: what a recording keeps for its replay.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AddressLog {
+    pub code: BTreeMap<u64, String>,
+    pub data: BTreeMap<u64, String>,
+}
+
+impl AddressNames for AddressLog {
+    /// A name the live session resolved (empty when it was never asked).
+    fn code(&mut self, addr: u64) -> String {
+        self.code.get(&addr).cloned().unwrap_or_default()
+    }
+
+    fn data(&mut self, addr: u64) -> String {
+        self.data.get(&addr).cloned().unwrap_or_default()
+    }
+}
+
+/// Names from `inner`, noted in `log`.
+struct Logged<'a> {
+    inner: &'a mut dyn AddressNames,
+    log: &'a mut AddressLog,
+}
+
+impl AddressNames for Logged<'_> {
+    fn code(&mut self, addr: u64) -> String {
+        let name = self.inner.code(addr);
+        self.log.code.insert(addr, name.clone());
+        name
+    }
+
+    fn data(&mut self, addr: u64) -> String {
+        let name = self.inner.data(addr);
+        self.log.data.insert(addr, name.clone());
+        name
     }
 }
 
@@ -212,7 +289,7 @@ impl LeaderWindows {
         let mut out = Vec::new();
         let thread_names = agg.thread_names();
         for (last, samples) in self.add(slots, &agg.user_regs) {
-            let found = cache_lines(&samples, pid, &thread_names, topology, threshold, sym);
+            let found = cache_lines(&samples, pid, &thread_names, topology, threshold, sym, None);
             out.extend(found.findings.into_iter().map(|mut f| {
                 f.slot = Some(last);
                 f

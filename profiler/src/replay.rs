@@ -5,11 +5,12 @@
 //! A recording (`slotprof record --save-replay DIR`, or attach) holds what
 //! the detectors were given: every event the aggregator counted, after the
 //! user stacks were unwound (`events.bin.gz`, records as
-//! `events::write_raw` writes them), and in `recording.json` the slots,
+//! `events::write_raw` writes them), and in `recording.json.gz` the slots,
 //! the detector settings, the kernel's short futex counts, the names of
 //! every stack the detectors asked for, and the findings the live session
-//! made (the cache-line detector's left out: it reads the target's code,
-//! which a recording does not keep). [`detect`] runs exactly what a session
+//! made; for the cache-line detector, which reads the target's code to
+//! decode the samples, the decoded accesses and the names it asked for.
+//! [`detect`] and [`cache_lines`] run exactly what a session
 //! runs on them; [`always_on`] runs them slot by slot as `slotprof run`
 //! does (the same event splitting at slot ends, one aggregator per slot).
 //!
@@ -29,13 +30,16 @@ use crate::{
     aggregate::Aggregator,
     detectors::{Buckets, DetectorConfig, Finding},
     events,
+    memory_access::MemoryAccess,
+    pipeline::AddressLog,
     slots::{Slot, Timeline},
+    topology::Topology,
 };
 
 /// The recording's file of events (gzip).
 pub const EVENTS: &str = "events.bin.gz";
-/// The recording's description.
-pub const RECORDING: &str = "recording.json";
+/// The recording's description (gzip of JSON).
+pub const RECORDING: &str = "recording.json.gz";
 
 /// What a session recorded for replay.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -57,6 +61,24 @@ pub struct Recording {
     pub names: Vec<NamedStack>,
     /// What the live session found (without CacheLinePingPong).
     pub findings: serde_json::Value,
+    /// What the cache-line detector was given (None in recordings made
+    /// before it was kept).
+    #[serde(default)]
+    pub cache_lines: Option<CacheLineRecording>,
+}
+
+/// The cache-line detector's inputs: it reads the target's code to decode
+/// the samples, which a recording does not keep, so the decoded accesses
+/// are kept instead, with every name the detector asked for.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CacheLineRecording {
+    pub topology: Topology,
+    /// Every user-mode sample with registers: (time, thread).
+    pub sampled: Vec<(u64, u32)>,
+    pub accesses: Vec<MemoryAccess>,
+    pub names: AddressLog,
+    /// The live session's CacheLinePingPong findings.
+    pub findings: serde_json::Value,
 }
 
 /// Frames of one stack, root first, as the live session named them.
@@ -69,38 +91,45 @@ pub struct NamedStack {
 }
 
 /// The version [`write`] writes and [`read`] accepts.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Writes a recording into `dir` (created if needed).
 pub fn write(dir: &Path, recording: &Recording, events: &[u8]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("--save-replay: cannot create {}", dir.display()))?;
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(events)?;
-    crate::output::write_atomic(&dir.join(EVENTS), &gz.finish()?)?;
-    crate::output::write_atomic(&dir.join(RECORDING), &serde_json::to_vec_pretty(recording)?)?;
+    let gzip = |bytes: &[u8]| -> std::io::Result<Vec<u8>> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(bytes)?;
+        gz.finish()
+    };
+    crate::output::write_atomic(&dir.join(EVENTS), &gzip(events)?)?;
+    crate::output::write_atomic(&dir.join(RECORDING), &gzip(&serde_json::to_vec(recording)?)?)?;
     Ok(())
+}
+
+/// A gzip file's contents, at most `limit` bytes of them.
+fn gunzip(path: &Path, limit: u64) -> anyhow::Result<Vec<u8>> {
+    let gz = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .take(limit)
+        .read_to_end(&mut out)
+        .with_context(|| format!("{}", path.display()))?;
+    Ok(out)
 }
 
 /// Reads a recording and its events (bounded: a recording is small).
 pub fn read(dir: &Path) -> anyhow::Result<(Recording, Vec<u8>)> {
-    let text = crate::output::read_text_bounded(&dir.join(RECORDING), 64 << 20)?;
+    let text = gunzip(&dir.join(RECORDING), 256 << 20)?;
     let recording: Recording =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a recording", dir.display()))?;
+        serde_json::from_slice(&text).with_context(|| format!("{} is not a recording", dir.display()))?;
     anyhow::ensure!(
         recording.version == VERSION,
         "{}: recording version {} (this slotprof reads {VERSION}): record it again",
         dir.display(),
         recording.version
     );
-    let gz =
-        std::fs::File::open(dir.join(EVENTS)).with_context(|| format!("{}", dir.join(EVENTS).display()))?;
-    let mut events = Vec::new();
-    flate2::read::GzDecoder::new(gz)
-        .take(1 << 30)
-        .read_to_end(&mut events)
-        .with_context(|| format!("{}", dir.join(EVENTS).display()))?;
-    Ok((recording, events))
+    Ok((recording, gunzip(&dir.join(EVENTS), 1 << 30)?))
 }
 
 /// The recorded events, decoded (records that do not decode are skipped
@@ -172,6 +201,7 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         pending.push(&log, e);
     }
     let mut findings = Vec::new();
+    let mut windows = crate::pipeline::LeaderWindows::default();
     let mut c = recording.started_ns;
     for slot in slots {
         let mut agg = Aggregator::new();
@@ -181,9 +211,82 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         let mut found = detect_with(recording, &names, &agg, &buckets)?;
         crate::slot_window::place_in_slots(&mut found, &timeline, std::slice::from_ref(slot));
         findings.extend(found);
+        if let Some(lines) = &recording.cache_lines {
+            findings.extend(always_on_cache_lines(recording, lines, slot, &agg, &mut windows));
+        }
         c = slot.end_ns;
     }
     Ok(findings)
+}
+
+/// What a session's cache-line detector makes of the recording: the
+/// recorded accesses, each thread's share over all its samples.
+pub fn cache_lines(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Finding>> {
+    let c = recording
+        .cache_lines
+        .as_ref()
+        .context("the recording has no cache-line inputs (record it again)")?;
+    let mut agg = Aggregator::new();
+    for e in decode(events).0 {
+        agg.ingest(&e);
+    }
+    Ok(crate::pipeline::cache_line_findings(
+        &c.accesses,
+        c.sampled.iter().map(|s| s.1),
+        recording.pid,
+        &agg.thread_names(),
+        &c.topology,
+        recording.detectors.pingpong_threshold,
+        &mut c.names.clone(),
+    ))
+}
+
+/// What `slotprof run` does with the cache-line inputs: each leader
+/// window's samples gathered over its slots (`pipeline::LeaderWindows`),
+/// the detector over that window's accesses once its last slot is in, the
+/// thread names those of the last slot's events.
+fn always_on_cache_lines(
+    recording: &Recording,
+    c: &CacheLineRecording,
+    slot: &Slot,
+    agg: &Aggregator,
+    windows: &mut crate::pipeline::LeaderWindows,
+) -> Vec<Finding> {
+    let regs: Vec<profiler_ebpf::UserRegs> = c
+        .sampled
+        .iter()
+        .map(|&(ts_ns, tid)| {
+            // SAFETY: UserRegs is plain old data; all zeroes is a valid value.
+            let mut r: profiler_ebpf::UserRegs = unsafe { std::mem::zeroed() };
+            r.ts_ns = ts_ns;
+            r.tid = tid;
+            r
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (last, samples) in windows.add(std::slice::from_ref(slot), &regs) {
+        let keys: std::collections::HashSet<(u64, u32)> = samples.iter().map(|r| (r.ts_ns, r.tid)).collect();
+        let accesses: Vec<MemoryAccess> = c
+            .accesses
+            .iter()
+            .filter(|a| keys.contains(&(a.ts_ns, a.tid)))
+            .copied()
+            .collect();
+        let found = crate::pipeline::cache_line_findings(
+            &accesses,
+            samples.iter().map(|r| r.tid),
+            recording.pid,
+            &agg.thread_names(),
+            &c.topology,
+            recording.detectors.pingpong_threshold,
+            &mut c.names.clone(),
+        );
+        out.extend(found.into_iter().map(|mut f| {
+            f.slot = Some(last);
+            f
+        }));
+    }
+    out
 }
 
 /// Records the names a live detector pass asks for.
@@ -234,6 +337,7 @@ mod tests {
                 frames: vec!["main".into()],
             }],
             findings: serde_json::json!([]),
+            cache_lines: None,
         };
         let mut events = Vec::new();
         let s = crate::aggregate::tests::sample_at(150, 4);

@@ -593,7 +593,20 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
     )
     .context("reading back the off-CPU intervals")?;
     drop(namer);
-    if let Some(dir) = &opts.save_replay {
+    let mut address_log = opts
+        .save_replay
+        .as_ref()
+        .map(|_| crate::pipeline::AddressLog::default());
+    let found = crate::pipeline::cache_lines(
+        &c.agg.user_regs,
+        c.target.pid,
+        &c.agg.thread_names(),
+        &topology,
+        opts.detectors.pingpong_threshold,
+        &mut c.sym,
+        address_log.as_mut(),
+    );
+    if let (Some(dir), Some(names)) = (&opts.save_replay, address_log) {
         let recording = crate::replay::Recording {
             version: crate::replay::VERSION,
             command: opts.command.to_string(),
@@ -604,24 +617,23 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
             short_futex: c.short_futex.clone(),
             names: named.into_names(),
             findings: serde_json::to_value(&findings)?,
+            cache_lines: Some(crate::replay::CacheLineRecording {
+                topology: topology.clone(),
+                sampled: c.agg.user_regs.iter().map(|r| (r.ts_ns, r.tid)).collect(),
+                accesses: found.accesses.clone(),
+                names,
+                findings: serde_json::to_value(&found.findings)?,
+            }),
         };
         let events = c.agg.recording.take().unwrap_or_default();
         crate::replay::write(dir, &recording, &events)?;
     }
-    let found = crate::pipeline::cache_lines(
-        &c.agg.user_regs,
-        c.target.pid,
-        &c.agg.thread_names(),
-        &topology,
-        opts.detectors.pingpong_threshold,
-        &mut c.sym,
-    );
     findings.extend(found.findings);
     let cache_lines = Some(report::CacheLines {
         path: crate::topology::cache_line_path(),
         topology: topology.source.clone(),
         samples_with_registers: c.agg.user_regs.len(),
-        decoded_accesses: found.accesses,
+        decoded_accesses: found.accesses.len(),
         decoding: found.decoding,
     });
     let exe_label = c

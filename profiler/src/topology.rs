@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{bail, Context};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Where two CPUs sit relative to each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -32,7 +32,7 @@ impl Distance {
 }
 
 /// Core and CCX of each CPU.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
     /// cpu -> (core id, ccx id)
     cpus: BTreeMap<u32, (u32, u32)>,

@@ -214,3 +214,97 @@ fn always_on_finds_purges_on_the_sync_twin_only() {
         "the background twin: {found:?}"
     );
 }
+
+/// CacheLinePingPong, the session's way: the recorded accesses give
+/// exactly the live session's cache-line findings; the top line is the
+/// one the program shared (its own report), found at both counters' sites;
+/// the padded twin stays silent.
+#[test]
+fn cache_lines_replay_to_the_live_findings_on_the_programs_shared_line() {
+    let (rec, events, truth) = fixture("false-sharing");
+    let lines = rec
+        .cache_lines
+        .as_ref()
+        .expect("the fixture keeps the cache-line inputs");
+    let found = replay::cache_lines(&rec, &events).unwrap();
+    assert_eq!(
+        serde_json::to_value(&found).unwrap(),
+        lines.findings,
+        "the replay's cache-line findings differ from the live session's"
+    );
+    let top = found
+        .first()
+        .expect("no CacheLinePingPong on the shared counters");
+    assert_eq!(
+        top.magnitudes["line"] as u64,
+        truth["shared_line"].as_u64().unwrap(),
+        "{top:?}"
+    );
+    assert!(
+        top.stack.iter().any(|s| s.contains("bump_a")) && top.stack.iter().any(|s| s.contains("bump_b")),
+        "{:?}",
+        top.stack
+    );
+    eprintln!(
+        "false-sharing: {} accesses from {} samples, {} findings, as live",
+        lines.accesses.len(),
+        lines.sampled.len(),
+        found.len()
+    );
+
+    let (rec, events, _) = fixture("false-sharing-padded");
+    let lines = rec.cache_lines.as_ref().unwrap();
+    assert!(lines.accesses.len() > 100, "{} accesses", lines.accesses.len());
+    let found = replay::cache_lines(&rec, &events).unwrap();
+    assert!(found.is_empty(), "padded twin: {found:?}");
+    assert_eq!(lines.findings, serde_json::json!([]));
+}
+
+/// CacheLinePingPong the always-on way: per leader window (four slots in
+/// every eight here), placed in the window's last slot, on the shared line
+/// only; the padded twin's windows stay silent.
+#[test]
+fn always_on_finds_the_shared_line_per_leader_window() {
+    let (rec, events, truth) = fixture("false-sharing");
+    let slots = rec.slots.as_ref().unwrap();
+    let found = replay::always_on(&rec, &events).unwrap();
+    let lines = of_kind(&found, "CacheLinePingPong");
+    let window_ends: Vec<u64> = slots
+        .iter()
+        .filter(|s| s.window.is_some_and(|w| s.number == w + 3))
+        .map(|s| s.number)
+        .collect();
+    assert!(
+        !window_ends.is_empty(),
+        "no whole leader window in {} slots",
+        slots.len()
+    );
+    assert!(
+        !lines.is_empty(),
+        "no CacheLinePingPong in {} windows",
+        window_ends.len()
+    );
+    for f in &lines {
+        assert!(
+            f.slot.is_some_and(|s| window_ends.contains(&s)),
+            "a cache-line finding in slot {:?}, not a window's last ({window_ends:?})",
+            f.slot
+        );
+        assert_eq!(
+            f.magnitudes["line"] as u64,
+            truth["shared_line"].as_u64().unwrap(),
+            "a finding on a line the program did not share: {f:?}"
+        );
+    }
+    eprintln!(
+        "always-on cache lines: {} findings in {} whole windows",
+        lines.len(),
+        window_ends.len()
+    );
+    let (rec, events, _) = fixture("false-sharing-padded");
+    let found = replay::always_on(&rec, &events).unwrap();
+    assert!(
+        of_kind(&found, "CacheLinePingPong").is_empty(),
+        "padded twin: {found:?}"
+    );
+}

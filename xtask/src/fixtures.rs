@@ -64,6 +64,20 @@ const FIXTURES: &[Fixture] = &[
         args: &["--slots", "6", "--purge", "background"],
         slotprof: &["--slot-source", "clock=400ms"],
     },
+    // Leader windows of 4 slots in every 8, for the always-on replay's
+    // per-window cache-line pass.
+    Fixture {
+        name: "false-sharing",
+        program: "stall-false-sharing",
+        args: &["--mode", "counters", "--seconds", "4"],
+        slotprof: &["-F", "499", "--slot-source", "clock=400ms,leader=4/8"],
+    },
+    Fixture {
+        name: "false-sharing-padded",
+        program: "stall-false-sharing",
+        args: &["--mode", "counters", "--seconds", "4", "--padded"],
+        slotprof: &["-F", "499", "--slot-source", "clock=400ms,leader=4/8"],
+    },
 ];
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
