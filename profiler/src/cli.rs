@@ -67,6 +67,10 @@ pub struct HostArgs {
     /// Have the kernel time slotprof's own probes (summary.json).
     #[arg(long)]
     pub probe_stats: bool,
+    /// Also write a recording of the classified events into DIR, for
+    /// replay without root (`profiler::replay::host`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub save_replay: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

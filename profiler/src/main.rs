@@ -70,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 out: h.out,
                 vm_pids: h.vm_pids,
                 probe_stats: h.probe_stats,
+                save_replay: h.save_replay,
             })
             .await?;
             let s = &outcome.summary;

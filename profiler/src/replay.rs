@@ -28,7 +28,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     aggregate::Aggregator,
-    detectors::{Buckets, DetectorConfig, Finding},
+    detectors::{
+        kvm_mmu_invalidation::{
+            self,
+            analysis::{Sysctls, VmInfo},
+            Counts, HostFinding, HostSample,
+        },
+        Buckets, DetectorConfig, Finding,
+    },
     events,
     memory_access::MemoryAccess,
     pipeline::AddressLog,
@@ -287,6 +294,65 @@ fn always_on_cache_lines(
         }));
     }
     out
+}
+
+/// The file of a host recording (gzip of JSON).
+pub const HOST_RECORDING: &str = "host-recording.json.gz";
+
+/// What `slotprof host --save-replay` keeps: every probe record as the
+/// live session classified it (fields, kernel path, VM), the kernel
+/// stacks, the VM processes and sysctls the findings were made with.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostRecording {
+    pub version: u32,
+    /// Second 0 of the series (CLOCK_MONOTONIC ns).
+    pub start_ns: u64,
+    /// How long the session ran.
+    pub seconds: f64,
+    pub samples: Vec<HostSample>,
+    pub stacks: Vec<Vec<String>>,
+    pub vms: BTreeMap<u32, VmInfo>,
+    pub sysctls: Sysctls,
+    /// The live session's KvmMmuInvalidation findings.
+    pub findings: serde_json::Value,
+}
+
+/// Writes a host recording into `dir` (created if needed).
+pub fn write_host(dir: &Path, recording: &HostRecording) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--save-replay: cannot create {}", dir.display()))?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&serde_json::to_vec(recording)?)?;
+    crate::output::write_atomic(&dir.join(HOST_RECORDING), &gz.finish()?)?;
+    Ok(())
+}
+
+/// Reads a host recording.
+pub fn read_host(dir: &Path) -> anyhow::Result<HostRecording> {
+    let text = gunzip(&dir.join(HOST_RECORDING), 256 << 20)?;
+    let recording: HostRecording = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not a host recording", dir.display()))?;
+    anyhow::ensure!(
+        recording.version == VERSION,
+        "{}: recording version {} (this slotprof reads {VERSION}): record it again",
+        dir.display(),
+        recording.version
+    );
+    Ok(recording)
+}
+
+/// What `slotprof host` makes of the recording: the samples counted as the
+/// live session counted them, the KvmMmuInvalidation detector over the
+/// counts. Returns the counts too (the series, the totals).
+pub fn host(recording: &HostRecording) -> (Counts, Vec<HostFinding>) {
+    let mut counts = Counts::new(recording.start_ns);
+    counts.stacks = recording.stacks.clone();
+    for s in &recording.samples {
+        counts.ingest(s);
+    }
+    counts.end(recording.seconds);
+    let found = kvm_mmu_invalidation::detect(&counts, &recording.vms, &recording.sysctls, recording.seconds);
+    (counts, found)
 }
 
 /// Records the names a live detector pass asks for.

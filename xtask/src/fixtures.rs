@@ -118,6 +118,107 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .sum();
         eprintln!("xtask: fixture {}: {} KiB", f.name, bytes >> 10);
     }
+    for (name, unevictable) in [("kvm-compaction", 1), ("kvm-locked-untouched", 0)] {
+        record_host(root, &dir.join(name), &scratch, unevictable)
+            .with_context(|| format!("recording the {name} fixture"))?;
+    }
     let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// The compaction sysctls, restored when dropped (also on an error).
+struct Sysctls(Vec<(&'static str, String)>);
+
+const SYSCTLS: [&str; 2] = [
+    "/proc/sys/vm/compact_unevictable_allowed",
+    "/proc/sys/vm/compaction_proactiveness",
+];
+
+impl Sysctls {
+    fn save() -> anyhow::Result<Self> {
+        let mut saved = Vec::new();
+        for p in SYSCTLS {
+            saved.push((
+                p,
+                std::fs::read_to_string(p)
+                    .with_context(|| p.to_string())?
+                    .trim()
+                    .to_string(),
+            ));
+        }
+        Ok(Self(saved))
+    }
+
+    fn set(&self, unevictable: u32, proactiveness: u32) -> anyhow::Result<()> {
+        std::fs::write(SYSCTLS[0], unevictable.to_string())?;
+        std::fs::write(SYSCTLS[1], proactiveness.to_string())?;
+        Ok(())
+    }
+}
+
+impl Drop for Sysctls {
+    fn drop(&mut self) {
+        for (p, v) in &self.0 {
+            if let Err(e) = std::fs::write(p, v) {
+                eprintln!("xtask: could not restore {p} to {v}: {e}");
+            }
+        }
+    }
+}
+
+/// A `slotprof host` recording: a real KVM guest with 256 MiB of mlocked
+/// memory (stall-kvm-guest, without its memory placement: a fixture needs
+/// some migrated pages, not the most), compaction asked for by hand while
+/// `slotprof host` watches; `unevictable` is vm.compact_unevictable_allowed
+/// (0: the locked guest must stay untouched, the fixed twin). The guest's
+/// report (`truth.json`) counts the pages that moved.
+fn record_host(root: &Path, into: &Path, scratch: &Path, unevictable: u32) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    if !Path::new("/dev/kvm").exists() {
+        bail!("the host fixtures run a KVM guest: this machine has no /dev/kvm");
+    }
+    let _ = std::fs::remove_dir_all(into);
+    std::fs::create_dir_all(into)?;
+    let sysctls = Sysctls::save()?;
+    sysctls.set(0, 0)?;
+    let mut guest = std::process::Command::new(root.join("target/release/stall-kvm-guest"))
+        .args(["--mem-mib", "256", "--no-placement", "--report"])
+        .arg(into.join("truth.json"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting stall-kvm-guest")?;
+    let mut lines = std::io::BufReader::new(guest.stdout.take().context("guest stdout")?).lines();
+    let ready = lines.next().transpose()?.unwrap_or_default();
+    if ready != "ready" {
+        let _ = guest.kill();
+        bail!("stall-kvm-guest did not start (said {ready:?})");
+    }
+    sysctls.set(unevictable, 0)?;
+    let out = scratch.join(into.file_name().unwrap_or_default());
+    let pid = guest.id().to_string();
+    let mut host = std::process::Command::new(root.join("target/release/slotprof"))
+        .arg("host")
+        .args(["-d", "6s", "--vm-pid", &pid, "--out"])
+        .arg(&out)
+        .arg("--save-replay")
+        .arg(into)
+        .spawn()
+        .context("starting slotprof host")?;
+    // Attached within a second here; compaction in the middle of the watch.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    std::fs::write("/proc/sys/vm/compact_memory", "1").context("writing compact_memory")?;
+    let status = host.wait()?;
+    // SAFETY: kill(2) on the guest we started; SIGTERM makes it write its report.
+    unsafe { libc::kill(guest.id() as i32, libc::SIGTERM) };
+    guest.wait()?;
+    drop(sysctls);
+    if !status.success() {
+        bail!("slotprof host failed: {status}");
+    }
+    eprintln!(
+        "xtask: fixture {}: {} KiB",
+        into.display(),
+        std::fs::metadata(into.join("host-recording.json.gz"))?.len() >> 10
+    );
     Ok(())
 }

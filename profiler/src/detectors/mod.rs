@@ -5,13 +5,16 @@
 //! slots) and a way to name stacks; none touches the kernel, so each is
 //! unit-tested on constructed event streams.
 //!
+//! [`kvm_mmu_invalidation`] is the host's: its inputs are the samples
+//! `host` classifies from its probes, counted per second.
+//!
 //! Not here: aggregating events into the inputs and naming stacks
 //! (`pipeline`), decoding samples into memory accesses for the cache-line
-//! detector (`memory_access`), and the host's `KvmMmuInvalidation`
-//! analysis, which reads host mode's own per-second series (`host`); its
-//! kind is a [`FindingKind`] all the same.
+//! detector (`memory_access`), reading the host's probes and VM processes
+//! (`host`).
 
 pub mod cache_line_ping_pong;
+pub mod kvm_mmu_invalidation;
 pub mod lock_contention;
 pub mod main_loop_gap;
 pub mod sync_allocator_purge;
@@ -277,7 +280,7 @@ pub type Detect = fn(&Inputs, &DetectorConfig, &Buckets, &mut NameStack) -> Vec<
 /// kinds read other inputs: [`FindingKind::CacheLinePingPong`] decoded
 /// memory accesses ([`cache_line_ping_pong::detect`], through
 /// `pipeline::cache_lines`), [`FindingKind::KvmMmuInvalidation`] the host's
-/// per-second series (`host`).
+/// per-second counts ([`kvm_mmu_invalidation::detect`], run by `host`).
 pub const EVENT_DETECTORS: [(FindingKind, Detect); 3] = [
     (FindingKind::MainLoopGap, main_loop_gap::detect),
     (FindingKind::SyncAllocatorPurge, sync_allocator_purge::detect),

@@ -4,18 +4,20 @@
 //! invalidating the VM's KVM mappings).
 //!
 //! System-wide probes on kvm:kvm_unmap_hva_range, compaction and page
-//! migration; each event is classified by the kernel stack of the task that
-//! caused it ([`source`]), attributed to the VM process whose memory it hit
-//! ([`vms`]) and counted per second ([`analysis`]). At the end: the duty
-//! cycle of the bursts, a `KvmMmuInvalidation` finding per affected VM with
-//! the two sysctls that govern it, a per-second CSV/JSON series and a plot.
+//! migration. This driver turns each probe record into a
+//! `HostSample` (its fields by this kernel's layouts, the kernel stack of
+//! the task that caused it named and classified, the range attributed to
+//! the VM process whose memory it hit, [`vms`]); the kernel-free rest is
+//! the detector's (`detectors::kvm_mmu_invalidation`: per-second counts,
+//! the duty cycle of the bursts, a `KvmMmuInvalidation` finding per
+//! affected VM with the two sysctls that govern it), which `replay` runs
+//! on a recording of the samples. Written here: the per-second CSV/JSON
+//! series, a plot ([`plot`]) and the summary.
 //!
 //! Not here: anything of a guest's own (its slots, stacks and detectors:
 //! `session`, `run`); a guest sees the host only as slow phases (`phase`).
 
-pub mod analysis;
 pub mod plot;
-pub mod source;
 pub mod vms;
 
 use std::{
@@ -31,13 +33,14 @@ use serde::Serialize;
 use symbolizer::Symbolizer;
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
-use self::{
-    analysis::{duty_cycle, DutyCycle, Series, SourceShare, Sysctls, VmInfo},
-    source::Source,
-    vms::{Attribution, Vmms},
-};
+use self::vms::Vmms;
 use crate::{
-    detectors::Finding,
+    detectors::kvm_mmu_invalidation::{
+        analysis::{duty_cycle, DutyCycle, Series, Sysctls, VmInfo},
+        detect,
+        source::{self, Source},
+        Counts, HostFinding, HostSample, HostWhat, Totals,
+    },
     events::{self, comm_str},
     output::write_atomic,
     probes::{ProbeStatus, Probes},
@@ -56,11 +59,9 @@ pub struct HostOptions {
     /// KVM VM).
     pub vm_pids: Vec<u32>,
     pub probe_stats: bool,
+    /// Keep the classified samples for replay (`--save-replay`).
+    pub save_replay: Option<PathBuf>,
 }
-
-/// A VM with fewer invalidated pages than this over the session gets no
-/// finding (a VMM remapping a buffer now and then is not a problem).
-pub const MIN_FINDING_PAGES: u64 = 1024;
 
 /// Where the fields this mode reads sit in each tracepoint's record on this
 /// kernel (offsets into the record; the raw words start at offset 8).
@@ -120,58 +121,26 @@ fn field(raw: &[u64; HOST_RAW_WORDS], f: Option<tracefs::Field>) -> Option<u64> 
 /// `enum migrate_reason`: MR_COMPACTION.
 const MR_COMPACTION: u64 = 0;
 
-/// Per VM and source: pages and who did it.
-#[derive(Default)]
-struct Part {
-    pages: u64,
-    tasks: BTreeSet<String>,
-    stack: Vec<String>,
-}
-
-/// Everything counted so far.
-struct State {
-    start_ns: u64,
+/// Turns probe records into [`HostSample`]s: their fields by this kernel's
+/// layouts, their kernel stacks named and classified (once per stack and
+/// task name), their ranges attributed to the VM processes.
+struct Classifier {
     layouts: Layouts,
-    series: Series,
-    /// Per-VM per-second invalidated pages come from the series; these are
-    /// the totals by (vm pid, source).
-    parts: BTreeMap<(u32, Source), Part>,
-    /// Ranges more than one VM process maps: pages, by the set of pids.
-    ambiguous: BTreeMap<Vec<u32>, u64>,
-    sources: HashMap<(i32, [u8; 16]), (Source, Vec<String>)>,
-    totals: Totals,
-    malformed: u64,
+    /// (kernel stack id, comm) -> (source, index into the stacks).
+    sources: HashMap<(i32, [u8; 16]), (Source, u32)>,
 }
 
-/// Session totals, for the summary.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Totals {
-    pub events: u64,
-    pub invalidations: u64,
-    pub invalidated_pages: u64,
-    pub invalidated_pages_by_source: BTreeMap<String, u64>,
-    /// Invalidated pages in a known VM, in several, in none.
-    pub attributed_pages: u64,
-    pub ambiguous_pages: u64,
-    pub unattributed_pages: u64,
-    /// Invalidated pages in a VM process's own memory (heap, stacks, code,
-    /// small buffers), not its guest RAM: no vCPU pays for them, so they
-    /// make no finding.
-    pub vmm_own_pages: u64,
-    pub compaction_runs: u64,
-    pub compaction_runs_by_source: BTreeMap<String, u64>,
-    pub compaction_scanned: u64,
-    pub compaction_isolated: u64,
-    pub migrated: u64,
-    pub migrated_for_compaction: u64,
-    pub migrate_failed: u64,
-    /// One kernel stack per source (root first): what each label stands for.
-    pub stacks_by_source: BTreeMap<String, Vec<String>>,
-}
-
-impl State {
-    fn source(&mut self, e: &HostEvent, probes: &Probes, sym: &mut Symbolizer) -> (Source, Vec<String>) {
-        self.sources
+impl Classifier {
+    fn sample(
+        &mut self,
+        e: &HostEvent,
+        vms: &Vmms,
+        probes: &Probes,
+        sym: &mut Symbolizer,
+        stacks: &mut Vec<Vec<String>>,
+    ) -> HostSample {
+        let (source, stack) = *self
+            .sources
             .entry((e.kernel_stack_id, e.comm))
             .or_insert_with(|| {
                 let frames: Vec<String> = probes
@@ -183,244 +152,40 @@ impl State {
                     .collect();
                 let source = source::classify(&frames, &comm_str(&e.comm));
                 // Root first, as in every other stack slotprof writes.
-                (source, frames.into_iter().rev().collect())
-            })
-            .clone()
-    }
-
-    fn ingest(&mut self, e: &HostEvent, vms: &Vmms, probes: &Probes, sym: &mut Symbolizer) {
-        self.totals.events += 1;
-        let sec = (e.ts_ns.saturating_sub(self.start_ns) / 1_000_000_000) as usize;
-        let (source, stack) = self.source(e, probes, sym);
-        let label = source.label().to_string();
-        let task = match source {
-            Source::ManualCompaction | Source::DirectCompaction | Source::Other | Source::OwnUnmap => {
-                format!("{} (pid {})", comm_str(&e.comm), e.tgid)
-            }
-            _ => comm_str(&e.comm),
-        };
-        let layouts = self.layouts;
-        if !self.totals.stacks_by_source.contains_key(&label) {
-            self.totals.stacks_by_source.insert(label.clone(), stack.clone());
-        }
-        match e.tracepoint {
-            host_tp::KVM_UNMAP => {
-                let (Some(start), Some(end)) = (
-                    field(&e.raw, layouts.unmap_start),
-                    field(&e.raw, layouts.unmap_end),
-                ) else {
-                    self.malformed += 1;
-                    return;
-                };
-                let pages = end.saturating_sub(start).div_ceil(4096).max(1);
-                let t = &mut self.totals;
-                t.invalidations += 1;
-                t.invalidated_pages += pages;
-                *t.invalidated_pages_by_source.entry(label.clone()).or_default() += pages;
-                let vm = match vms.attribute(start, end) {
-                    Attribution::Vm(pid) => {
-                        t.attributed_pages += pages;
-                        pid
-                    }
-                    Attribution::VmmOwn(_) => {
-                        t.vmm_own_pages += pages;
-                        let s = self.series.at(sec);
-                        s.invalidations += 1;
-                        s.invalidated_pages += pages;
-                        *s.invalidated_by_source.entry(label).or_default() += pages;
-                        return;
-                    }
-                    Attribution::Ambiguous(pids) => {
-                        t.ambiguous_pages += pages;
-                        *self.ambiguous.entry(pids).or_default() += pages;
-                        0
-                    }
-                    Attribution::Unknown => {
-                        t.unattributed_pages += pages;
-                        0
-                    }
-                };
-                let s = self.series.at(sec);
-                s.invalidations += 1;
-                s.invalidated_pages += pages;
-                *s.invalidated_by_source.entry(label).or_default() += pages;
-                *s.invalidated_by_vm.entry(vm).or_default() += pages;
-                if source == Source::OwnUnmap {
-                    // The VM process freeing its own memory (heap, buffers,
-                    // a balloon): in the totals and the series, not in a
-                    // finding about what the host does to the VM.
-                    return;
-                }
-                let part = self.parts.entry((vm, source)).or_default();
-                part.pages += pages;
-                if part.tasks.len() < 8 {
-                    part.tasks.insert(task);
-                }
-                if part.stack.is_empty() {
-                    part.stack = stack;
-                }
-            }
-            host_tp::COMPACT_ISOLATE => {
-                let scanned = field(&e.raw, layouts.isolate_scanned).unwrap_or(0);
-                let taken = field(&e.raw, layouts.isolate_taken).unwrap_or(0);
-                self.totals.compaction_scanned += scanned;
-                self.totals.compaction_isolated += taken;
-                let s = self.series.at(sec);
-                s.compaction_scanned += scanned;
-                s.compaction_isolated += taken;
-                *s.scanned_by_source.entry(label.clone()).or_default() += scanned;
-                *s.isolated_by_source.entry(label).or_default() += taken;
-            }
-            host_tp::COMPACT_BEGIN => {
-                self.totals.compaction_runs += 1;
-                *self.totals.compaction_runs_by_source.entry(label).or_default() += 1;
-                self.series.at(sec).compaction_runs += 1;
-            }
-            host_tp::MIGRATE => {
-                let ok = field(&e.raw, layouts.migrate_succeeded).unwrap_or(0);
-                let failed = field(&e.raw, layouts.migrate_failed).unwrap_or(0);
-                self.totals.migrated += ok;
-                self.totals.migrate_failed += failed;
-                if field(&e.raw, layouts.migrate_reason).map(|r| r as u32 as u64) == Some(MR_COMPACTION) {
-                    self.totals.migrated_for_compaction += ok;
-                }
-                let s = self.series.at(sec);
-                s.migrated += ok;
-                s.migrate_failed += failed;
-            }
-            _ => {}
-        }
-    }
-}
-
-/// A `KvmMmuInvalidation` finding: the common fields, and the host's side.
-#[derive(Clone, Debug, Serialize)]
-pub struct HostFinding {
-    #[serde(flatten)]
-    pub finding: Finding,
-    pub vm: VmInfo,
-    pub sources: Vec<SourceShare>,
-    pub duty_cycle: DutyCycle,
-    pub sysctls: Sysctls,
-}
-
-/// Builds the findings: one per VM with at least [`MIN_FINDING_PAGES`].
-fn findings(state: &State, vms: &Vmms, sysctls: &Sysctls, seconds: f64) -> Vec<HostFinding> {
-    let mut by_vm: BTreeMap<u32, Vec<(Source, &Part)>> = BTreeMap::new();
-    for ((vm, source), part) in &state.parts {
-        by_vm.entry(*vm).or_default().push((*source, part));
-    }
-    let mut out = Vec::new();
-    for (vm, mut parts) in by_vm {
-        let pages: u64 = parts.iter().map(|(_, p)| p.pages).sum();
-        if pages < MIN_FINDING_PAGES {
-            continue;
-        }
-        parts.sort_by_key(|p| std::cmp::Reverse(p.1.pages));
-        let per_second: Vec<u64> = state
-            .series
-            .seconds
-            .iter()
-            .map(|s| *s.invalidated_by_vm.get(&vm).unwrap_or(&0))
-            .collect();
-        let duty = duty_cycle(&per_second);
-        let info = vms
-            .vmms
-            .get(&vm)
-            .map(|v| v.info.clone())
-            .unwrap_or_else(|| VmInfo {
-                pid: 0,
-                comm: if state.totals.ambiguous_pages > 0 {
-                    "a VM process slotprof cannot single out (several map these addresses)".into()
-                } else {
-                    "no VM process found that maps these addresses (use --vm-pid)".into()
-                },
-                ..Default::default()
+                stacks.push(frames.into_iter().rev().collect());
+                (source, stacks.len() as u32 - 1)
             });
-        let sources: Vec<SourceShare> = parts
-            .iter()
-            .map(|(s, p)| SourceShare {
-                source: s.label().to_string(),
-                tasks: p.tasks.iter().cloned().collect(),
-                pages: p.pages,
-                share: p.pages as f64 / pages as f64,
-                stack: p.stack.clone(),
-            })
-            .collect();
-        let (top, top_part) = parts[0];
-        let tasks: Vec<String> = top_part.tasks.iter().cloned().collect();
-        let peak = per_second.iter().copied().max().unwrap_or(0);
-        let first = per_second.iter().position(|&p| p > 0).unwrap_or(0);
-        let last = per_second.iter().rposition(|&p| p > 0).unwrap_or(first);
-        let in_bursts: u64 = duty.bursts.iter().map(|b| b.pages).sum();
-        let burst_secs: usize = duty.bursts.iter().map(|b| b.length_s).sum();
-        let mut m: BTreeMap<&'static str, f64> = BTreeMap::new();
-        m.insert("pages", pages as f64);
-        m.insert("mib", pages as f64 * 4096.0 / (1 << 20) as f64);
-        m.insert("peak_pages_per_s", peak as f64);
-        m.insert("mean_pages_per_s", pages as f64 / seconds.max(1.0));
-        if burst_secs > 0 {
-            m.insert("mean_pages_per_s_in_bursts", in_bursts as f64 / burst_secs as f64);
-        }
-        m.insert("bursts", duty.bursts.len() as f64);
-        m.insert("duty", duty.duty);
-        for (k, v) in [
-            ("burst_s", duty.burst_s),
-            ("idle_s", duty.idle_s),
-            ("period_s", duty.period_s),
-        ] {
-            if let Some(v) = v {
-                m.insert(k, v);
-            }
-        }
-        m.insert("top_source_share", sources[0].share);
-        let period = match (duty.period_s, duty.burst_s) {
-            (Some(p), Some(b)) => format!(", in bursts of ~{b:.0} s every ~{p:.0} s"),
-            (None, Some(b)) if duty.bursts.len() == 1 => format!(", in one burst of {b:.0} s"),
-            _ => String::new(),
-        };
-        let who = if info.pid == 0 {
-            info.comm.clone()
-        } else {
-            format!("{} (pid {})", info.comm, info.pid)
-        };
-        let locked = match info.locked_kib {
-            Some(0) => ", memory not locked".to_string(),
-            Some(k) => format!(", {:.0} MiB of it locked (VmLck)", k as f64 / 1024.0),
-            None => String::new(),
-        };
-        let explanation = format!(
-            "the host invalidated the KVM mappings of {pages} pages ({:.0} MiB) of {who}{locked}{period}, \
-             peak {peak} pages/s; {:.0}% from {}{}; every invalidated page costs the vCPUs a fault to map it again",
-            m["mib"],
-            sources[0].share * 100.0,
-            top.describe(),
-            if tasks.is_empty() { String::new() } else { format!(" ({})", tasks.join(", ")) },
-        );
-        let advice = analysis::advice(top, &tasks, &info, sysctls);
-        out.push(HostFinding {
-            finding: Finding {
-                kind: crate::detectors::FindingKind::KvmMmuInvalidation,
-                slot: None,
-                pid: info.pid,
-                tid: 0,
-                thread: info.comm.clone(),
-                start_ns: state.start_ns + first as u64 * 1_000_000_000,
-                duration_ns: (last + 1 - first) as u64 * 1_000_000_000,
-                magnitudes: m,
-                cause: Some(top.label().to_string()),
-                stack: top_part.stack.clone(),
-                waker_stack: Vec::new(),
-                explanation,
-                advice,
+        let l = self.layouts;
+        let what = match e.tracepoint {
+            host_tp::KVM_UNMAP => match (field(&e.raw, l.unmap_start), field(&e.raw, l.unmap_end)) {
+                (Some(start), Some(end)) => HostWhat::Unmap {
+                    pages: end.saturating_sub(start).div_ceil(4096).max(1),
+                    attribution: vms.attribute(start, end),
+                },
+                _ => HostWhat::Malformed,
             },
-            vm: info,
-            sources,
-            duty_cycle: duty,
-            sysctls: sysctls.clone(),
-        });
+            host_tp::COMPACT_ISOLATE => HostWhat::Isolate {
+                scanned: field(&e.raw, l.isolate_scanned).unwrap_or(0),
+                taken: field(&e.raw, l.isolate_taken).unwrap_or(0),
+            },
+            host_tp::COMPACT_BEGIN => HostWhat::CompactBegin,
+            host_tp::MIGRATE => HostWhat::Migrate {
+                succeeded: field(&e.raw, l.migrate_succeeded).unwrap_or(0),
+                failed: field(&e.raw, l.migrate_failed).unwrap_or(0),
+                for_compaction: field(&e.raw, l.migrate_reason).map(|r| r as u32 as u64)
+                    == Some(MR_COMPACTION),
+            },
+            _ => HostWhat::Other,
+        };
+        HostSample {
+            ts_ns: e.ts_ns,
+            tgid: e.tgid,
+            comm: comm_str(&e.comm),
+            source,
+            stack,
+            what,
+        }
     }
-    out
 }
 
 /// The two sysctls now.
@@ -519,16 +284,12 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
     let started = Instant::now();
-    let mut state = State {
-        start_ns: monotonic_ns(),
+    let mut state = Counts::new(monotonic_ns());
+    let mut classifier = Classifier {
         layouts,
-        series: Series::default(),
-        parts: BTreeMap::new(),
-        ambiguous: BTreeMap::new(),
         sources: HashMap::new(),
-        totals: Totals::default(),
-        malformed: 0,
     };
+    let mut saved = opts.save_replay.as_ref().map(|_| Vec::new());
     eprintln!(
         "slotprof: watching the host's memory management for {}; VMs: {}; Ctrl-C stops",
         opts.duration
@@ -551,10 +312,7 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
                 let mut guard = guard?;
                 let r = guard.get_inner_mut();
                 while let Some(item) = r.next() {
-                    match events::decode(&item) {
-                        Some(events::Event::Host(e)) => state.ingest(&e, &vms, &probes, &mut sym),
-                        _ => state.malformed += 1,
-                    }
+                    take(&item, &mut state, &mut classifier, &mut saved, (&vms, &probes, &mut sym));
                 }
                 guard.clear_ready();
             }
@@ -596,10 +354,13 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     {
         let r = ring.get_mut();
         while let Some(item) = r.next() {
-            match events::decode(&item) {
-                Some(events::Event::Host(e)) => state.ingest(&e, &vms, &probes, &mut sym),
-                _ => state.malformed += 1,
-            }
+            take(
+                &item,
+                &mut state,
+                &mut classifier,
+                &mut saved,
+                (&vms, &probes, &mut sym),
+            );
         }
     }
     drop(ring);
@@ -612,7 +373,28 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
         probe_status,
         costs,
     };
-    write_outputs(opts, state, vms, ended, warnings)
+    write_outputs(opts, state, vms, ended, warnings, saved)
+}
+
+/// One ring-buffer record into the counts (and the recording, when one is
+/// kept).
+fn take(
+    item: &[u8],
+    state: &mut Counts,
+    classifier: &mut Classifier,
+    saved: &mut Option<Vec<HostSample>>,
+    (vms, probes, sym): (&Vmms, &Probes, &mut Symbolizer),
+) {
+    match events::decode(item) {
+        Some(events::Event::Host(e)) => {
+            let sample = classifier.sample(&e, vms, probes, sym, &mut state.stacks);
+            state.ingest(&sample);
+            if let Some(saved) = saved {
+                saved.push(sample);
+            }
+        }
+        _ => state.malformed += 1,
+    }
 }
 
 /// How a host session ended, and what its probes said before detaching.
@@ -629,10 +411,11 @@ struct Ended {
 /// session.
 fn write_outputs(
     opts: &HostOptions,
-    mut state: State,
+    mut state: Counts,
     mut vms: Vmms,
     ended: Ended,
     mut warnings: Vec<String>,
+    saved: Option<Vec<HostSample>>,
 ) -> anyhow::Result<HostOutcome> {
     let Ended {
         elapsed,
@@ -642,13 +425,24 @@ fn write_outputs(
         probe_status,
         costs,
     } = ended;
-    let seconds = elapsed.as_secs_f64().ceil() as usize;
-    if state.series.seconds.len() < seconds {
-        state.series.at(seconds - 1);
-    }
+    state.end(elapsed.as_secs_f64());
     vms.refresh();
     let sysctls_at_end = read_sysctls();
-    let findings = findings(&state, &vms, &sysctls_at_end, elapsed.as_secs_f64());
+    let infos: BTreeMap<u32, VmInfo> = vms.vmms.iter().map(|(&pid, v)| (pid, v.info.clone())).collect();
+    let findings = detect(&state, &infos, &sysctls_at_end, elapsed.as_secs_f64());
+    if let (Some(dir), Some(samples)) = (&opts.save_replay, saved) {
+        let recording = crate::replay::HostRecording {
+            version: crate::replay::VERSION,
+            start_ns: state.start_ns,
+            seconds: elapsed.as_secs_f64(),
+            samples,
+            stacks: state.stacks.clone(),
+            vms: infos.clone(),
+            sysctls: sysctls_at_end.clone(),
+            findings: serde_json::to_value(&findings)?,
+        };
+        crate::replay::write_host(dir, &recording)?;
+    }
     let all_pages: Vec<u64> = state.series.seconds.iter().map(|s| s.invalidated_pages).collect();
     let duty = duty_cycle(&all_pages);
 

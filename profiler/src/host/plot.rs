@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::analysis::{DutyCycle, Series};
+use crate::detectors::kvm_mmu_invalidation::analysis::{DutyCycle, Series};
 
 const W: f64 = 1000.0;
 const PANEL_H: f64 = 200.0;
@@ -198,7 +198,7 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::analysis::{duty_cycle, Second};
+    use crate::detectors::kvm_mmu_invalidation::analysis::{duty_cycle, Second};
 
     #[test]
     fn renders_lines_bursts_and_labels() {

@@ -11,28 +11,13 @@ use std::collections::BTreeMap;
 
 use symbolizer::maps::ProcessMaps;
 
-use super::analysis::VmInfo;
+use crate::detectors::kvm_mmu_invalidation::{analysis::VmInfo, Attribution};
 
 /// A VM process and its memory map (merged over the session, so a range
 /// unmapped since the last look is still found).
 pub struct Vmm {
     pub info: VmInfo,
     maps: ProcessMaps,
-}
-
-/// Where a range landed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Attribution {
-    /// In this VM process's guest memory.
-    Vm(u32),
-    /// In this VM process's own memory, not the guest's (its heap, stacks,
-    /// code, small buffers): KVM maps no guest page there, so no vCPU pays
-    /// for the invalidation.
-    VmmOwn(u32),
-    /// Several VM processes map these addresses.
-    Ambiguous(Vec<u32>),
-    /// No known VM process maps them.
-    Unknown,
 }
 
 /// The VM processes slotprof watches.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::source::Source;
 
@@ -162,7 +162,7 @@ pub fn duty_cycle(pages: &[u64]) -> DutyCycle {
 }
 
 /// The host settings that decide whether compaction moves a VM's memory.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Sysctls {
     /// vm.compact_unevictable_allowed: 1 lets compaction migrate mlocked pages.
     pub compact_unevictable_allowed: Option<u32>,
@@ -171,7 +171,7 @@ pub struct Sysctls {
 }
 
 /// What slotprof knows of a VM process.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct VmInfo {
     pub pid: u32,
     pub comm: String,

@@ -1,10 +1,10 @@
 //! Which kernel path moved a VM's memory, from the kernel stack of the task
 //! that did it (and its name when there is no stack).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why the host touched a VM's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Source {
     /// kcompactd compacting on its own (vm.compaction_proactiveness).
     ProactiveCompaction,
