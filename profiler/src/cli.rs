@@ -250,20 +250,13 @@ impl PhaseArgs {
             return Ok(None);
         }
         let cpus = match &self.phase_cpus {
-            Some(list) => crate::topology::parse_cpu_list(list)
-                .map_err(|e| anyhow::anyhow!("--phase-cpus {list:?}: {e} (give a CPU list such as 0-3,8)"))?,
-            None => {
-                crate::topology::parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online")?)?
-            }
+            Some(list) => Some(crate::topology::parse_cpu_list(list).map_err(|e| {
+                anyhow::anyhow!("--phase-cpus {list:?}: {e} (give a CPU list such as 0-3,8)")
+            })?),
+            None => None,
         };
-        anyhow::ensure!(
-            self.phase_burst < self.phase_every,
-            "--phase-burst must be shorter than --phase-every"
-        );
-        Ok(Some(crate::phase::probe::ProbeConfig {
-            cpus,
-            every: self.phase_every,
-            burst: self.phase_burst,
-        }))
+        crate::phase::probe::ProbeConfig::new(self.phase_every, self.phase_burst, cpus)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--phase-every/--phase-burst/--phase-cpus: {e}"))
     }
 }

@@ -182,15 +182,7 @@ pub struct Config {
     /// The detectors' settings, lowered here as the CLI lowers its own
     /// (`cli::DetectorArgs::config`) into the one type they read.
     pub detectors: crate::detectors::DetectorConfig,
-    pub phase_probe: Option<PhaseConfig>,
-}
-
-/// The phase probe's settings (`None` cpus: every online CPU).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PhaseConfig {
-    pub every: Duration,
-    pub burst: Duration,
-    pub cpus: Option<Vec<u32>>,
+    pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
 }
 
 impl Config {
@@ -260,9 +252,6 @@ impl Config {
         let phase_probe = if f.phase_probe.enabled {
             let every = dur("phase_probe.every", &f.phase_probe.every)?;
             let burst = dur("phase_probe.burst", &f.phase_probe.burst)?;
-            if burst.is_zero() || burst >= every {
-                bail!("phase_probe.burst must be above zero and shorter than phase_probe.every");
-            }
             let cpus = match f.phase_probe.cpus {
                 Cpus::Word(w) if w == "all" => None,
                 Cpus::Word(w) => {
@@ -270,7 +259,10 @@ impl Config {
                 }
                 Cpus::List(l) => Some(l),
             };
-            Some(PhaseConfig { every, burst, cpus })
+            Some(
+                crate::phase::probe::ProbeConfig::new(every, burst, cpus)
+                    .map_err(|e| anyhow::anyhow!("[phase_probe]: {e}"))?,
+            )
         } else {
             None
         };

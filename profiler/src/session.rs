@@ -379,9 +379,9 @@ impl Live {
             .phase_probe
             .iter()
             .flat_map(|c| {
-                c.cpus
-                    .iter()
-                    .filter_map(|&cpu| crate::phase::analysis::analyze_cpu(cpu, &phase_windows, c.every))
+                c.cpus()
+                    .into_iter()
+                    .filter_map(|cpu| crate::phase::analysis::analyze_cpu(cpu, &phase_windows, c.every))
             })
             .collect();
         let kernel_ring = ring.finish();

@@ -21,12 +21,38 @@ pub struct Window {
     pub ns_per_hash: f64,
 }
 
-/// Probe settings.
-#[derive(Clone, Debug)]
+/// The phase probe's settings: the one type the CLI (`--phase-*`) and the
+/// configuration file (`[phase_probe]`) both lower into.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeConfig {
-    pub cpus: Vec<u32>,
     pub every: Duration,
     pub burst: Duration,
+    /// The CPUs to probe; `None`: every online CPU.
+    pub cpus: Option<Vec<u32>>,
+}
+
+impl ProbeConfig {
+    /// Checked settings; the error names what is wrong, for the caller to
+    /// say which flag or key it came from.
+    pub fn new(every: Duration, burst: Duration, cpus: Option<Vec<u32>>) -> Result<Self, String> {
+        if burst.is_zero() || burst >= every {
+            return Err("the burst must be above zero and shorter than the period (every)".into());
+        }
+        if cpus.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err("no CPU to probe: give a list such as 0-3,8".into());
+        }
+        Ok(Self { every, burst, cpus })
+    }
+
+    /// The CPUs probed: the configured ones, or every online CPU now.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.cpus.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/sys/devices/system/cpu/online")
+                .ok()
+                .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
+                .unwrap_or_default()
+        })
+    }
 }
 
 /// The running probe; [`RunningProbe::stop`] joins its threads.
@@ -55,9 +81,9 @@ pub fn start(config: &ProbeConfig) -> RunningProbe {
     let stop = Arc::new(AtomicBool::new(false));
     let windows = Arc::new(Mutex::new(Vec::new()));
     let threads = config
-        .cpus
-        .iter()
-        .map(|&cpu| {
+        .cpus()
+        .into_iter()
+        .map(|cpu| {
             let (stop, windows) = (stop.clone(), windows.clone());
             let (every, burst) = (config.every.as_nanos() as u64, config.burst.as_nanos() as u64);
             std::thread::Builder::new()

@@ -429,20 +429,10 @@ struct Phase {
 impl Phase {
     /// Starts the phase probe on the configured CPUs (all online ones by
     /// default).
-    fn start(c: &crate::config::PhaseConfig) -> Phase {
-        let cpus = c.cpus.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/sys/devices/system/cpu/online")
-                .ok()
-                .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
-                .unwrap_or_default()
-        });
-        let pc = crate::phase::probe::ProbeConfig {
-            cpus: cpus.clone(),
-            every: c.every,
-            burst: c.burst,
-        };
+    fn start(c: &crate::phase::probe::ProbeConfig) -> Phase {
+        let cpus = c.cpus();
         Phase {
-            probe: crate::phase::probe::start(&pc),
+            probe: crate::phase::probe::start(c),
             every: c.every,
             cpus,
             windows: Default::default(),
