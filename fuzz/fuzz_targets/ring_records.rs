@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler::{events, user_stacks::UserStacks};
+use profiler::{kernel::events, kernel::user_stacks::UserStacks};
 
 fuzz_target!(|data: &[u8]| {
     let mut stacks = UserStacks::default();

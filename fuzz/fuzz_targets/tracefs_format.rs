@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler::tracefs::Format;
+use profiler::kernel::tracefs::Format;
 
 fuzz_target!(|data: &[u8]| {
     let format = Format::parse(&String::from_utf8_lossy(data));

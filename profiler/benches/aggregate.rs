@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use profiler::{
-    aggregate::{Aggregator, StackTable},
     detectors::{Buckets, DetectorConfig},
-    events::{self, Event},
+    kernel::events::{self, Event},
+    pipeline::aggregate::{Aggregator, StackTable},
     slots::Timeline,
 };
 use symbolizer::Symbolizer;

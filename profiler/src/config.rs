@@ -168,7 +168,7 @@ pub struct Config {
     pub target: TargetSpec,
     pub frequency_hz: u64,
     pub min_offcpu: Duration,
-    /// See [`crate::probes::ProbeConfig::stack_repeat`].
+    /// See [`crate::kernel::probes::ProbeConfig::stack_repeat`].
     pub stack_repeat: Duration,
     pub slot_source: Option<crate::slot_sources::SlotSourceSpec>,
     pub export_dir: PathBuf,

@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::Parser;
 use profiler::{
     cli::{Cli, Command},
-    privileges,
-    session::{self, HeldChild, SessionOptions},
-    target::Target,
+    drivers::session::{self, HeldChild, SessionOptions},
+    kernel::privileges,
+    kernel::target::Target,
 };
 
 /// Environment variable that turns this process into the held trampoline of
@@ -65,7 +65,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Host(h) => {
             privileges::require_bpf()?;
             privileges::raise_limits();
-            let outcome = profiler::host::run(&profiler::host::HostOptions {
+            let outcome = profiler::drivers::host::run(&profiler::drivers::host::HostOptions {
                 duration: h.duration,
                 out: h.out,
                 vm_pids: h.vm_pids,
@@ -108,7 +108,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             privileges::require_bpf()?;
             privileges::raise_limits();
-            profiler::run::run(profiler::run::RunOptions {
+            profiler::drivers::run::run(profiler::drivers::run::RunOptions {
                 config: r.config,
                 pid: r.pid,
                 comm: r.comm,
@@ -120,7 +120,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Diff(d) => {
             println!(
                 "{}",
-                profiler::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
+                profiler::export::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
             );
             Ok(())
         }

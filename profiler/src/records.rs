@@ -34,7 +34,7 @@ pub struct Interval {
 /// detector's cause classification looks for ("nanosleep", "poll",
 /// "select").
 pub fn syscall_wait_frame(nr: i32) -> String {
-    match crate::syscalls::name(nr) {
+    match crate::kernel::syscalls::name(nr) {
         Some(name) => format!("[{name} wait: kernel path not walked]_[k]"),
         None => format!("[syscall {nr} wait: kernel path not walked]_[k]"),
     }

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use profiler::{detectors::Finding, replay};
+use profiler::{detectors::Finding, pipeline::replay};
 use serde_json::Value;
 
 fn fixture(name: &str) -> (replay::Recording, Vec<u8>, Value) {

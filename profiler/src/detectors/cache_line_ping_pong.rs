@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Finding, Inputs};
 use crate::{
-    memory_access::{AccessKind, MemoryAccess},
+    kernel::memory_access::{AccessKind, MemoryAccess},
     topology::{Distance, Topology},
 };
 

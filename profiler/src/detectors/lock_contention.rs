@@ -104,7 +104,7 @@ pub fn detect(
         if f.waker_tid != 0 && crate::records::waker_is_task(f.waker_context) {
             *a.wakers.entry((f.waker_tid, f.waker_user_stack_id)).or_default() += 1;
             a.waker_names
-                .insert(f.waker_tid, crate::events::comm_str(&f.waker_comm));
+                .insert(f.waker_tid, crate::kernel::events::comm_str(&f.waker_comm));
         }
         a.slot = slot;
     }

@@ -6,17 +6,22 @@
 //! lines) both call these; nothing here touches the kernel, the clock or
 //! the file system (the symbolizer reads the target's files and memory).
 
+pub mod aggregate;
+pub mod intervals;
+pub mod replay;
+pub mod slot_window;
+
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 use symbolizer::Symbolizer;
 
 use crate::{
-    aggregate::{Aggregator, StackNamer, StackTable},
     detectors::{
         self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs, NameStack,
     },
-    memory_access::{DecodeStats, MemoryAccess},
+    kernel::memory_access::{DecodeStats, MemoryAccess},
+    pipeline::aggregate::{Aggregator, StackNamer, StackTable},
     records::Interval,
     topology::Topology,
 };
@@ -116,7 +121,7 @@ pub fn cache_lines(
     sym: &mut Symbolizer,
     log: Option<&mut AddressLog>,
 ) -> CacheLines {
-    let (accesses, decoding) = crate::memory_access::decode(regs, sym);
+    let (accesses, decoding) = crate::kernel::memory_access::decode(regs, sym);
     let mut names = SymNames { sym, pid };
     let sampled = regs.iter().map(|r| r.tid);
     let findings = match log {

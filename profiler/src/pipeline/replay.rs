@@ -27,7 +27,6 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    aggregate::Aggregator,
     detectors::{
         kvm_mmu_invalidation::{
             self,
@@ -36,8 +35,9 @@ use crate::{
         },
         Buckets, DetectorConfig, Finding,
     },
-    events,
-    memory_access::MemoryAccess,
+    kernel::events,
+    kernel::memory_access::MemoryAccess,
+    pipeline::aggregate::Aggregator,
     pipeline::AddressLog,
     slots::{Slot, Timeline},
     topology::Topology,
@@ -202,7 +202,7 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         .as_ref()
         .context("the recording has no slots (record it with --slot-source)")?;
     let names = names(recording);
-    let mut pending = crate::slot_window::Pending::default();
+    let mut pending = crate::pipeline::slot_window::Pending::default();
     let log = crate::slot_sources::SharedSlotLog::default();
     for e in decode(events).0 {
         pending.push(&log, e);
@@ -216,7 +216,7 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         let timeline = Timeline::new(vec![slot.clone()]);
         let buckets = Buckets::new(Some(&timeline), c);
         let mut found = detect_with(recording, &names, &agg, &buckets)?;
-        crate::slot_window::place_in_slots(&mut found, &timeline, std::slice::from_ref(slot));
+        crate::pipeline::slot_window::place_in_slots(&mut found, &timeline, std::slice::from_ref(slot));
         findings.extend(found);
         if let Some(lines) = &recording.cache_lines {
             findings.extend(always_on_cache_lines(recording, lines, slot, &agg, &mut windows));
@@ -406,7 +406,7 @@ mod tests {
             cache_lines: None,
         };
         let mut events = Vec::new();
-        let s = crate::aggregate::tests::sample_at(150, 4);
+        let s = crate::pipeline::aggregate::tests::sample_at(150, 4);
         events::write_raw(&mut events, &s.to_bytes()).unwrap();
         write(dir.path(), &rec, &events).unwrap();
         let (back, ev) = read(dir.path()).unwrap();

@@ -134,11 +134,11 @@ mod tests {
             None
         );
         assert_eq!(
-            crate::aggregate::syscall_wait_frame(libc::SYS_clock_nanosleep as i32),
+            crate::pipeline::aggregate::syscall_wait_frame(libc::SYS_clock_nanosleep as i32),
             "[clock_nanosleep wait: kernel path not walked]_[k]"
         );
         use crate::detectors::main_loop_gap::blocked_on;
-        let frame = |n: i64| vec![crate::aggregate::syscall_wait_frame(n as i32)];
+        let frame = |n: i64| vec![crate::pipeline::aggregate::syscall_wait_frame(n as i32)];
         assert_eq!(blocked_on(&frame(libc::SYS_nanosleep)), "sleep");
         assert_eq!(blocked_on(&frame(libc::SYS_futex)), "lock wait (futex)");
         assert_eq!(blocked_on(&frame(libc::SYS_epoll_wait)), "poll/epoll");

@@ -32,7 +32,7 @@ use profiler_ebpf::{
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
-use crate::events::{self, Event};
+use crate::kernel::events::{self, Event};
 
 /// A record waits this long for its thread's stack copy, then goes on
 /// with `[user stack not taken]` (a thread that exits inside a system call
@@ -810,13 +810,13 @@ mod tests {
             why,
             start_ns,
         };
-        let mut v = crate::events::bytes_of(&h);
+        let mut v = crate::kernel::events::bytes_of(&h);
         v.extend_from_slice(bytes);
         v
     }
 
     fn offcpu(tid: u32, start: u64, user: i32) -> Vec<u8> {
-        crate::events::bytes_of(&OffCpuInterval {
+        crate::kernel::events::bytes_of(&OffCpuInterval {
             kind: EventKind::OffCpu as u32,
             cpu: 0,
             start_ns: start,
@@ -851,7 +851,7 @@ mod tests {
             len: (ips.len() * 8) as u32,
             _pad: 0,
         };
-        let mut v = crate::events::bytes_of(&h);
+        let mut v = crate::kernel::events::bytes_of(&h);
         ips.iter().for_each(|ip| v.extend_from_slice(&ip.to_ne_bytes()));
         v
     }
@@ -1158,7 +1158,7 @@ mod tests {
     }
 
     fn futex_waking(tid: u32, waker: u32, woken_ns: u64) -> Vec<u8> {
-        crate::events::bytes_of(&profiler_ebpf::FutexWait {
+        crate::kernel::events::bytes_of(&profiler_ebpf::FutexWait {
             kind: EventKind::FutexWait as u32,
             cpu: 0,
             start_ns: 10,
@@ -1225,7 +1225,7 @@ mod tests {
                 kernel_stack_id: -14,
                 comm: [0; COMM_LEN],
             };
-            u.feed(&crate::events::bytes_of(&s), &mut |e| out.push(e))
+            u.feed(&crate::kernel::events::bytes_of(&s), &mut |e| out.push(e))
                 .unwrap();
             u.feed(&stack_rec(3, stack_for::SAMPLE, 0, &[0; 64]), &mut |e| {
                 out.push(e)

@@ -51,6 +51,41 @@ impl Histogram {
     }
 }
 
+/// The metrics' share of each finished slot: the findings placed in it by
+/// kind, and its length.
+pub struct SlotMetrics<'a>(pub &'a std::sync::Mutex<Snapshot>);
+
+impl super::SlotExport for SlotMetrics<'_> {
+    fn slot(&mut self, r: &super::SlotResult<'_>) -> anyhow::Result<()> {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for f in r.findings.iter().filter(|f| f.slot == Some(r.slot.number)) {
+            *s.findings.entry(f.kind.to_string()).or_default() += 1;
+        }
+        s.slot_durations.observe(r.slot.duration_ns() as f64 / 1e9);
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &flamegraphs::pprof::ProfileMeta) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+impl Snapshot {
+    /// The always-on exporter's counts.
+    pub fn exported(&mut self, e: &super::always_on::Exporter) {
+        self.slots_exported = e.slots_exported;
+        self.slots_summarised = e.slots_summarised;
+        self.slots_skipped = e.skipped_low_space;
+        self.slots_failed = e.slots_failed;
+        self.export_write_errors = e.write_errors;
+        self.export_bytes = e.bytes();
+        if let Some((slot, unix_s)) = e.last_exported {
+            self.last_exported_slot = Some(slot);
+            self.last_export_unix_s = Some(unix_s);
+        }
+    }
+}
+
 /// What /metrics shows; the run loop updates it.
 #[derive(Clone, Debug)]
 pub struct Snapshot {

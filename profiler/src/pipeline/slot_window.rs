@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use profiler_ebpf::{OffCpuInterval, OffCpuStart};
 
 use crate::{
-    aggregate::Aggregator,
     detectors::Finding,
-    events::Event,
+    kernel::events::Event,
+    pipeline::aggregate::Aggregator,
     slot_sources::SharedSlotLog,
     slots::{Slot, Timeline},
 };
@@ -161,7 +161,7 @@ pub(crate) fn place_in_slots(findings: &mut [Finding], timeline: &Timeline, slot
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::tests::sample_at;
+    use crate::pipeline::aggregate::tests::sample_at;
 
     fn sample(ts: u64) -> Event {
         sample_at(ts, -1)

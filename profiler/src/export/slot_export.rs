@@ -7,12 +7,13 @@ use flamegraphs::{pprof::ProfileMeta, Folded};
 use serde::Serialize;
 use serde_json::json;
 
+use super::{SlotExport, SlotResult};
 use crate::{
-    aggregate::{Profiles, StackKey},
     detectors::Finding,
-    intervals::IntervalStore,
+    export::report::write_profiles,
     output::write_atomic,
-    report::write_profiles,
+    pipeline::aggregate::{Profiles, StackKey},
+    pipeline::intervals::IntervalStore,
     slots::{Slot, Timeline},
 };
 
@@ -88,50 +89,58 @@ pub(crate) fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_
 }
 
 /// Writes `slots/`, `windows/` and `index.html` under `out`, a slot at a
-/// time ([`SlotWriter::add`], in timeline order): a leader window is
-/// written as soon as its last slot is, and only the slot summaries stay.
+/// time (in timeline order): a leader window is written as soon as its
+/// last slot is, and only the slot summaries stay.
 pub struct SlotWriter<'a> {
     out: &'a Path,
+    /// The session's findings, for the index.
     findings: &'a [Finding],
-    phase: &'a dyn Fn(&Slot) -> Option<&'static str>,
-    meta: &'a ProfileMeta,
-    period_ns: u64,
     summaries: Vec<SlotSummary>,
     /// The window being filled: its first slot, its slots, their profiles.
     window: Option<(u64, Vec<Slot>, Profiles)>,
 }
 
 impl<'a> SlotWriter<'a> {
-    pub fn new(
-        out: &'a Path,
-        findings: &'a [Finding],
-        phase: &'a dyn Fn(&Slot) -> Option<&'static str>,
-        meta: &'a ProfileMeta,
-        period_ns: u64,
-    ) -> Self {
+    pub fn new(out: &'a Path, findings: &'a [Finding]) -> Self {
         Self {
             out,
             findings,
-            phase,
-            meta,
-            period_ns,
             summaries: Vec::new(),
             window: None,
         }
     }
 
+    fn flush_window(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
+        let Some((first, slots, p)) = self.window.take() else {
+            return Ok(());
+        };
+        let dir = self.out.join("windows").join(first.to_string());
+        let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
+        write_profiles(&dir, &p, meta, &format!("leader window {numbers:?}"))?;
+        let window = window_json(first, &slots, &p);
+        write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)
+    }
+
+    /// The slot summaries written so far.
+    pub fn into_summaries(self) -> Vec<SlotSummary> {
+        self.summaries
+    }
+}
+
+impl SlotExport for SlotWriter<'_> {
     /// Writes one slot's directory (and the window before it, if this slot
     /// starts another).
-    pub fn add(&mut self, slot: &Slot, p: Profiles) -> anyhow::Result<()> {
+    fn slot(&mut self, r: &SlotResult<'_>) -> anyhow::Result<()> {
+        let (slot, p) = (r.slot, r.profiles);
         let dir = self.out.join("slots").join(slot.number.to_string());
         let sub = format!(
             "slot {}{}",
             slot.number,
             if slot.leader { " (leader)" } else { "" }
         );
-        write_profiles(&dir, &p, self.meta, &sub)?;
-        let mut summary = summarize(slot, &p, self.findings, self.period_ns);
-        summary.phase = (self.phase)(slot);
+        write_profiles(&dir, p, r.meta, &sub)?;
+        let mut summary = summarize(slot, p, r.findings, r.period_ns);
+        summary.phase = r.phase;
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         self.summaries.push(summary);
         if self
@@ -139,7 +148,7 @@ impl<'a> SlotWriter<'a> {
             .as_ref()
             .is_some_and(|(w, _, _)| Some(*w) != slot.window)
         {
-            self.flush_window()?;
+            self.flush_window(r.meta)?;
         }
         if let Some(w) = slot.window {
             let entry = self.window.get_or_insert_with(|| {
@@ -160,25 +169,13 @@ impl<'a> SlotWriter<'a> {
         Ok(())
     }
 
-    fn flush_window(&mut self) -> anyhow::Result<()> {
-        let Some((first, slots, p)) = self.window.take() else {
-            return Ok(());
-        };
-        let dir = self.out.join("windows").join(first.to_string());
-        let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
-        write_profiles(&dir, &p, self.meta, &format!("leader window {numbers:?}"))?;
-        let window = window_json(first, &slots, &p);
-        write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)
-    }
-
-    /// The last window and `index.html`; returns the slot summaries.
-    pub fn finish(mut self) -> anyhow::Result<Vec<SlotSummary>> {
-        self.flush_window()?;
+    /// The last window and `index.html`.
+    fn finish(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
+        self.flush_window(meta)?;
         write_atomic(
             &self.out.join("index.html"),
             index_html(&self.summaries, self.findings).as_bytes(),
-        )?;
-        Ok(self.summaries)
+        )
     }
 }
 
@@ -258,7 +255,7 @@ pub fn write_trace(
     }
     intervals.for_each(|i| name(i.key.tid, i.end_ns, i.key.comm))?;
     for (tid, (_, comm)) in &named {
-        let comm = crate::events::comm_str(comm);
+        let comm = crate::kernel::events::comm_str(comm);
         event(
             w,
             json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("{comm} ({tid})")}}),

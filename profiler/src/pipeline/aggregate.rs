@@ -19,8 +19,8 @@ use symbolizer::Symbolizer;
 
 pub use crate::records::{syscall_wait_frame, waker_is_task, Interval, StackKey};
 use crate::{
-    events::{comm_str, Event},
-    intervals::IntervalStore,
+    kernel::events::{comm_str, Event},
+    pipeline::intervals::IntervalStore,
     slots::Timeline,
 };
 
@@ -91,7 +91,7 @@ pub struct Aggregator {
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
-pub type StackTable = HashMap<i32, Vec<u64>>;
+pub use crate::kernel::probes::StackTable;
 
 /// The two flamegraph inputs and what was learnt while building them.
 pub struct Profiles {
@@ -113,7 +113,7 @@ impl Aggregator {
         // Samples' registers are the cache-line detector's, which a
         // recording does not replay: left out (a fifth of a recording).
         if let (Some(r), false) = (&mut self.recording, matches!(event, Event::UserRegs(_))) {
-            let _ = crate::events::write_raw(r, &event.to_bytes());
+            let _ = crate::kernel::events::write_raw(r, &event.to_bytes());
         }
         match event {
             Event::Sample(s) => self.sample(s),
@@ -205,7 +205,7 @@ impl Aggregator {
             woken_ns: 0,
         };
         if let Some(r) = &mut self.recording {
-            let _ = crate::events::write_raw(r, &Event::OffCpu(interval).to_bytes());
+            let _ = crate::kernel::events::write_raw(r, &Event::OffCpu(interval).to_bytes());
         }
         self.interval(&interval, true);
     }
@@ -397,7 +397,7 @@ fn describe_waker(task: Option<&(String, u32)>, context: i32) -> Option<String> 
         waker::KERNEL_THREAD => task.map(|(comm, tid)| format!("{comm}/{tid} (kernel thread)")),
         nr if nr >= 0 => {
             let (comm, tid) = task?;
-            Some(match crate::syscalls::name(nr) {
+            Some(match crate::kernel::syscalls::name(nr) {
                 Some(sc) => format!("{comm}/{tid} ({sc})"),
                 None => format!("{comm}/{tid} (syscall {nr})"),
             })

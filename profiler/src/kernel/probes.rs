@@ -27,7 +27,10 @@ use profiler_ebpf::{
 };
 use serde::Serialize;
 
-use crate::{aggregate::StackTable, tracefs};
+use crate::kernel::tracefs;
+
+/// Stacks by id, read from the kernel's stack map before it goes away.
+pub type StackTable = HashMap<i32, Vec<u64>>;
 
 /// The eBPF object built by build.rs from profiler-ebpf.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
@@ -480,7 +483,7 @@ fn open(
 /// call and wakeup probes are BTF tracepoints: their arguments are the
 /// kernel's own, checked by the verifier.)
 fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {
-    let (task_pid, task_comm) = crate::btf::task_offsets()?;
+    let (task_pid, task_comm) = crate::kernel::btf::task_offsets()?;
     Ok(TracepointOffsets {
         task_pid,
         task_comm,
@@ -646,7 +649,7 @@ fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> P
 #[derive(Default)]
 pub struct StackCache {
     /// User stacks unwound from copies (ids from `USER_STACK_ID_BASE` up).
-    pub user: crate::user_stacks::UserStacks,
+    pub user: crate::kernel::user_stacks::UserStacks,
     stacks: HashMap<i32, (Vec<u64>, u64)>,
     generation: u64,
     rotated: Option<Instant>,
@@ -673,7 +676,7 @@ impl StackCache {
     }
 
     fn read(&mut self, probes: &Probes, id: i32) -> Option<Vec<u64>> {
-        if crate::user_stacks::is_unwound(id) {
+        if crate::kernel::user_stacks::is_unwound(id) {
             return self.user.get(id);
         }
         if let Some((s, used)) = self.stacks.get_mut(&id) {
@@ -699,7 +702,7 @@ impl StackCache {
         let doomed = probes.stack_epoch().wrapping_sub(1) & STACK_EPOCH_MASK;
         for id in still_needed
             .into_iter()
-            .filter(|&id| id >= 0 && !crate::user_stacks::is_unwound(id))
+            .filter(|&id| id >= 0 && !crate::kernel::user_stacks::is_unwound(id))
         {
             if let Some((_, used)) = self.stacks.get_mut(&id) {
                 *used = self.generation;

@@ -10,9 +10,9 @@ use flamegraphs::{
 use serde::Serialize;
 
 use crate::{
-    aggregate::{LongInterval, Profiles, ThreadTotals},
+    kernel::probes::{Counters, ProbeStatus, ProgramCost},
     output::write_atomic,
-    probes::{Counters, ProbeStatus, ProgramCost},
+    pipeline::aggregate::{LongInterval, Profiles, ThreadTotals},
 };
 
 /// Everything `summary.json` records about a session.
@@ -117,7 +117,7 @@ pub fn madvise_by_thread(
             thread: names
                 .get(&c.tid)
                 .cloned()
-                .unwrap_or_else(|| crate::events::comm_str(&c.comm)),
+                .unwrap_or_else(|| crate::kernel::events::comm_str(&c.comm)),
             calls: 0,
             purge_calls: 0,
             bytes: 0,
@@ -168,7 +168,7 @@ pub struct CacheLines {
     pub samples_with_registers: usize,
     pub decoded_accesses: usize,
     /// Per sample: what decoding made of it.
-    pub decoding: crate::memory_access::DecodeStats,
+    pub decoding: crate::kernel::memory_access::DecodeStats,
 }
 
 /// TLB work caused by the target.
@@ -277,7 +277,7 @@ pub struct Unwinding {
     /// Bytes of unwind sections held (.eh_frame, .eh_frame_hdr, .debug_frame).
     pub table_bytes: usize,
     /// Which way the stacks of reported records were taken.
-    pub sources: crate::user_stacks::StackSources,
+    pub sources: crate::kernel::user_stacks::StackSources,
     /// The kernel's counts of copies made.
     pub kernel_copies_at_syscall_exit: u64,
     pub kernel_copies_at_switch_out: u64,
@@ -310,7 +310,7 @@ pub struct ModuleUnwinding {
 }
 
 impl Unwinding {
-    pub fn new(user: &crate::user_stacks::UserStacks, c: &crate::probes::Counters) -> Self {
+    pub fn new(user: &crate::kernel::user_stacks::UserStacks, c: &crate::kernel::probes::Counters) -> Self {
         let t = &user.unwinder.totals;
         Self {
             modules: user

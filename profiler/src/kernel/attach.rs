@@ -10,10 +10,10 @@ use anyhow::Context;
 
 use crate::{
     background::Background,
-    probes::{ProbeConfig, Probes},
-    ring_reader::RingReader,
+    kernel::probes::{ProbeConfig, Probes},
+    kernel::ring_reader::RingReader,
+    kernel::target::Target,
     slot_sources::{rpc, SharedSlotLog, SlotSourceSpec},
-    target::Target,
 };
 
 /// A target with the probes on it.

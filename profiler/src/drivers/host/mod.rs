@@ -31,7 +31,7 @@ use anyhow::Context;
 use profiler_ebpf::{host_tp, HostEvent, HOST_RAW_WORDS};
 use serde::Serialize;
 use symbolizer::Symbolizer;
-use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+use tokio::signal::unix::SignalKind;
 
 use self::vms::Vmms;
 use crate::{
@@ -41,12 +41,13 @@ use crate::{
         source::{self, Source},
         Counts, HostFinding, HostSample, HostWhat, Totals,
     },
-    events::{self, comm_str},
+    export::report::ProbeCost,
+    kernel::events::{self, comm_str},
+    kernel::probes::{ProbeStatus, Probes},
+    kernel::ring_reader::RingReader,
+    kernel::tracefs,
     output::write_atomic,
-    probes::{ProbeStatus, Probes},
-    report::ProbeCost,
     slots::monotonic_ns,
-    tracefs,
 };
 
 /// How a host session runs.
@@ -231,6 +232,9 @@ pub struct HostSummary {
 #[derive(Debug, Default, Serialize)]
 pub struct HostLost {
     pub ring_buffer_full: u64,
+    /// Records the reader dropped at its queue's bound (slotprof's own
+    /// loop fell behind).
+    pub backlog_full: u64,
     pub stacks: u64,
     pub malformed_records: u64,
     pub total: u64,
@@ -278,11 +282,9 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
              count (is the kvm module loaded? `modprobe kvm`)"
         );
     }
-    let ring = probes.take_events()?;
-    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
-    // owns the ring buffer.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("cannot poll the ring buffer: {e}"))?;
+    // The event stream every mode reads: a thread of its own copies the
+    // ring's records out (compaction bursts make 100k+ records a second).
+    let mut ring = RingReader::start(probes.take_events()?)?;
     let started = Instant::now();
     let mut state = Counts::new(monotonic_ns());
     let mut classifier = Classifier {
@@ -308,13 +310,10 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     let mut ticks = 0u64;
     let ended_by = loop {
         tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                let r = guard.get_inner_mut();
-                while let Some(item) = r.next() {
-                    take(&item, &mut state, &mut classifier, &mut saved, (&vms, &probes, &mut sym));
+            Some(batch) = ring.recv() => {
+                for item in batch.records() {
+                    take(item, &mut state, &mut classifier, &mut saved, (&vms, &probes, &mut sym));
                 }
-                guard.clear_ready();
             }
             _ = async {
                 match deadline {
@@ -350,12 +349,13 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
     let counters = probes.counters().unwrap_or_default();
     let costs = opts.probe_stats.then(|| probes.costs());
     let probe_status = probes.status.clone();
-    // Read the last records the ring holds.
-    {
-        let r = ring.get_mut();
-        while let Some(item) = r.next() {
+    // The last records: the reader's last read of the ring, then what it
+    // queued.
+    let ring_back = ring.finish();
+    while let Some(batch) = ring.try_recv() {
+        for item in batch.records() {
             take(
-                &item,
+                item,
                 &mut state,
                 &mut classifier,
                 &mut saved,
@@ -363,6 +363,8 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
             );
         }
     }
+    let backlog_full = ring.dropped();
+    drop(ring_back);
     drop(ring);
     drop(probes);
     let ended = Ended {
@@ -372,6 +374,7 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
         counters,
         probe_status,
         costs,
+        backlog_full,
     };
     write_outputs(opts, state, vms, ended, warnings, saved)
 }
@@ -402,9 +405,11 @@ struct Ended {
     elapsed: Duration,
     ended_by: &'static str,
     sysctls_at_start: Sysctls,
-    counters: crate::probes::Counters,
-    probe_status: Vec<crate::probes::ProbeStatus>,
-    costs: Option<Vec<crate::probes::ProgramCost>>,
+    counters: crate::kernel::probes::Counters,
+    probe_status: Vec<crate::kernel::probes::ProbeStatus>,
+    costs: Option<Vec<crate::kernel::probes::ProgramCost>>,
+    /// Records the ring reader dropped at its queue's bound.
+    backlog_full: u64,
 }
 
 /// The findings, the series (CSV, JSON, SVG) and the summary of a host
@@ -424,6 +429,7 @@ fn write_outputs(
         counters,
         probe_status,
         costs,
+        backlog_full,
     } = ended;
     state.end(elapsed.as_secs_f64());
     vms.refresh();
@@ -431,8 +437,8 @@ fn write_outputs(
     let infos: BTreeMap<u32, VmInfo> = vms.vmms.iter().map(|(&pid, v)| (pid, v.info.clone())).collect();
     let findings = detect(&state, &infos, &sysctls_at_end, elapsed.as_secs_f64());
     if let (Some(dir), Some(samples)) = (&opts.save_replay, saved) {
-        let recording = crate::replay::HostRecording {
-            version: crate::replay::VERSION,
+        let recording = crate::pipeline::replay::HostRecording {
+            version: crate::pipeline::replay::VERSION,
             start_ns: state.start_ns,
             seconds: elapsed.as_secs_f64(),
             samples,
@@ -441,7 +447,7 @@ fn write_outputs(
             sysctls: sysctls_at_end.clone(),
             findings: serde_json::to_value(&findings)?,
         };
-        crate::replay::write_host(dir, &recording)?;
+        crate::pipeline::replay::write_host(dir, &recording)?;
     }
     let all_pages: Vec<u64> = state.series.seconds.iter().map(|s| s.invalidated_pages).collect();
     let duty = duty_cycle(&all_pages);
@@ -469,14 +475,15 @@ fn write_outputs(
     outputs.push(summary_path.display().to_string());
     let lost = HostLost {
         ring_buffer_full: counters.ring_full,
+        backlog_full,
         stacks: counters.stack_lost,
         malformed_records: state.malformed,
-        total: counters.ring_full + counters.stack_lost + state.malformed,
+        total: counters.ring_full + backlog_full + counters.stack_lost + state.malformed,
     };
     if lost.total > 0 {
         warnings.push(format!(
-            "{} events lost ({} ring buffer full, {} stacks, {} malformed): counts are lower bounds",
-            lost.total, lost.ring_buffer_full, lost.stacks, lost.malformed_records
+            "{} events lost ({} ring buffer full, {} slotprof's queue full, {} stacks, {} malformed): counts are lower bounds",
+            lost.total, lost.ring_buffer_full, lost.backlog_full, lost.stacks, lost.malformed_records
         ));
     }
     if state.totals.ambiguous_pages > 0 {
@@ -488,7 +495,7 @@ fn write_outputs(
     let summary = HostSummary {
         command: "host",
         version: crate::VERSION,
-        kernel: crate::report::kernel_release(),
+        kernel: crate::export::report::kernel_release(),
         duration_s: elapsed.as_secs_f64(),
         ended_by,
         start_monotonic_ns: state.start_ns,

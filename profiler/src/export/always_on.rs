@@ -29,13 +29,14 @@ use std::{
 use anyhow::Context;
 use flamegraphs::{pprof::ProfileMeta, Folded, FoldedSum};
 
+use super::{SlotExport, SlotResult};
 use crate::{
-    aggregate::Profiles,
     config::{Config, FullExport},
     detectors::Finding,
+    export::report::{write_profiles, write_profiles_with},
+    export::slot_export::{index_html, summarize, window_json, SlotSummary},
     output::write_atomic,
-    report::{write_profiles, write_profiles_with},
-    slot_export::{index_html, summarize, window_json, SlotSummary},
+    pipeline::aggregate::Profiles,
     slots::Slot,
 };
 
@@ -86,6 +87,11 @@ pub struct Exporter {
     /// slots among them: each counted, the export goes on.
     pub write_errors: u64,
     pub slots_failed: u64,
+    /// Slots written whole, and as a summary line only (by policy).
+    pub slots_exported: u64,
+    pub slots_summarised: u64,
+    /// The last slot exported (whole or as a line), and when (Unix s).
+    pub last_exported: Option<(u64, f64)>,
     /// In a run of failed writes (said at its first, and when it ends).
     failing: bool,
     /// Entries removed by retention.
@@ -210,6 +216,9 @@ impl Exporter {
             skipped_low_space: 0,
             write_errors: 0,
             slots_failed: 0,
+            slots_exported: 0,
+            slots_summarised: 0,
+            last_exported: None,
             failing: false,
             removed: 0,
             recent: VecDeque::new(),
@@ -373,17 +382,10 @@ impl Exporter {
     }
 
     /// Exports one processed slot: in full or as a summary line, by policy.
-    pub fn slot(
-        &mut self,
-        slot: &Slot,
-        p: &Profiles,
-        findings: &[Finding],
-        phase: Option<&'static str>,
-        meta: &ProfileMeta,
-        period_ns: u64,
-    ) -> anyhow::Result<Exported> {
-        let mut summary = summarize(slot, p, findings, period_ns);
-        summary.phase = phase;
+    pub fn export(&mut self, r: &SlotResult<'_>) -> anyhow::Result<Exported> {
+        let (slot, p, meta) = (r.slot, r.profiles, r.meta);
+        let mut summary = summarize(slot, p, r.findings, r.period_ns);
+        summary.phase = r.phase;
         let full = match self.policy {
             FullExport::All => true,
             FullExport::Findings => !summary.findings.is_empty(),
@@ -583,7 +585,7 @@ impl Exporter {
         drop(p);
         // The rendering's buffers (the hour's text, SVG and pprof: several
         // MB) back to the system now, not in up to 10 s.
-        super::give_back_freed_memory();
+        crate::sys::malloc_trim();
         let bytes = dir_bytes(&dir);
         if fresh {
             self.record(dir);
@@ -650,6 +652,30 @@ impl Exporter {
     }
 }
 
+impl SlotExport for Exporter {
+    /// [`Exporter::export`], counted.
+    fn slot(&mut self, r: &SlotResult<'_>) -> anyhow::Result<()> {
+        let how = self.export(r)?;
+        match how {
+            Exported::Full => self.slots_exported += 1,
+            Exported::Summary => self.slots_summarised += 1,
+            // Counted where it happened, which knows why.
+            Exported::Skipped | Exported::Failed => {}
+        }
+        if matches!(how, Exported::Full | Exported::Summary) {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.last_exported = Some((r.slot.number, now));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
+        self.flush(meta)
+    }
+}
+
 fn empty_profiles() -> Profiles {
     Profiles {
         oncpu: Folded::new(),
@@ -713,7 +739,7 @@ mod ledger_tests {
                 window: (n % 8 < 4).then(|| n - n % 4),
                 aligned: true,
             };
-            e.slot(&slot, &p, &[], None, &meta, 1).unwrap();
+            e.export(&result(&slot, &p, &[], &meta)).unwrap();
             e.refresh(true);
             assert_eq!(e.bytes(), du(&dir), "after slot {n}");
         }
@@ -721,6 +747,22 @@ mod ledger_tests {
         assert_eq!(e.bytes(), du(&dir), "after the flush");
         assert!(du(&dir) <= 200 << 10, "{} over the cap", du(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn result<'a>(
+        slot: &'a Slot,
+        p: &'a Profiles,
+        findings: &'a [Finding],
+        meta: &'a ProfileMeta,
+    ) -> SlotResult<'a> {
+        SlotResult {
+            slot,
+            profiles: p,
+            findings,
+            phase: None,
+            meta,
+            period_ns: 1,
+        }
     }
 
     /// Profile metadata with nothing in it.
@@ -781,7 +823,7 @@ mod ledger_tests {
             } else {
                 vec![]
             };
-            e.slot(&slot, &p, &findings, None, &meta, 1).unwrap();
+            e.export(&result(&slot, &p, &findings, &meta)).unwrap();
         }
         e.flush(&meta).unwrap();
         let names = |sub: &str| -> Vec<String> {
@@ -818,14 +860,17 @@ mod ledger_tests {
         std::fs::write(&slots, b"in the way").unwrap();
         for n in 0..3 {
             assert_eq!(
-                e.slot(&slot(n), &p, &[], None, &meta, 1).unwrap(),
+                e.export(&result(&slot(n), &p, &[], &meta)).unwrap(),
                 Exported::Failed
             );
         }
         assert_eq!((e.slots_failed, e.write_errors), (3, 3));
         std::fs::remove_file(&slots).unwrap();
         std::fs::create_dir(&slots).unwrap();
-        assert_eq!(e.slot(&slot(3), &p, &[], None, &meta, 1).unwrap(), Exported::Full);
+        assert_eq!(
+            e.export(&result(&slot(3), &p, &[], &meta)).unwrap(),
+            Exported::Full
+        );
         assert!(slots.join("3").join("slot.json").exists());
         e.flush(&meta).unwrap();
         assert_eq!(e.slots_failed, 3);

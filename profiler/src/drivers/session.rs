@@ -12,17 +12,18 @@ use flamegraphs::pprof::{ProfileMeta, SampleType};
 use symbolizer::Symbolizer;
 use tokio::signal::unix::SignalKind;
 
+use crate::export::{SlotExport, SlotResult};
 use crate::{
-    aggregate::{Aggregator, StackTable},
     detectors::{self, DetectorConfig},
-    events,
-    probes::{ProbeConfig, Probes, StackCache},
-    report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
-    slot_export,
+    export::report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
+    export::slot_export,
+    kernel::events,
+    kernel::probes::{ProbeConfig, Probes, StackCache},
+    kernel::target::Target,
+    pipeline::aggregate::{Aggregator, StackTable},
     slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
     slots::{monotonic_ns, Timeline},
-    target::Target,
 };
 
 /// How a session runs.
@@ -50,7 +51,7 @@ pub struct SessionOptions {
     pub detector_probes: bool,
     /// The guest-side phase probe, when on.
     pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
-    /// Write every raw record here too (see [`crate::events::write_raw`]).
+    /// Write every raw record here too (see [`crate::kernel::events::write_raw`]).
     pub save_events: Option<PathBuf>,
     /// Write a recording for `replay` here.
     pub save_replay: Option<PathBuf>,
@@ -94,7 +95,7 @@ struct Live {
     slot_log: SharedSlotLog,
     source_task: Option<crate::background::Background>,
     probes: Probes,
-    ring: crate::ring_reader::RingReader,
+    ring: crate::kernel::ring_reader::RingReader,
     target: Target,
     held: Option<HeldChild>,
     kernel_thread: bool,
@@ -132,13 +133,13 @@ impl Live {
         // made later would not see it.
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-        let crate::attach::Attached {
+        let crate::kernel::attach::Attached {
             probes,
             ring,
             slot_log,
             source_task,
             not_attached,
-        } = crate::attach::attach(
+        } = crate::kernel::attach::attach(
             &target,
             opts.slot_source.as_ref(),
             opts.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
@@ -156,7 +157,7 @@ impl Live {
         )?;
         // Said now, when it matters, and kept for the summary (not said twice).
         let mut attach_warnings = not_attached;
-        attach_warnings.extend(crate::privileges::kernel_symbols_warning());
+        attach_warnings.extend(crate::kernel::privileges::kernel_symbols_warning());
         let kernel_thread = target.is_kernel_thread();
         if kernel_thread {
             attach_warnings.push(format!(
@@ -494,11 +495,11 @@ struct Collected {
     exited_after: Option<Duration>,
     phase_windows: Vec<crate::phase::probe::Window>,
     phases: Vec<crate::phase::analysis::CpuPhases>,
-    counters: crate::probes::Counters,
+    counters: crate::kernel::probes::Counters,
     table: StackTable,
     unwinding: report::Unwinding,
     unwind_warnings: Vec<String>,
-    probe_status: Vec<crate::probes::ProbeStatus>,
+    probe_status: Vec<crate::kernel::probes::ProbeStatus>,
     short_futex: Vec<(u64, u64, u64)>,
     probe_cost: Option<report::ProbeCost>,
     backlog_full: u64,
@@ -543,7 +544,7 @@ fn phase_at(phases: &[crate::phase::analysis::CpuPhases], ts: u64) -> Option<&'s
 
 /// What the session's analysis made of what it collected.
 struct Analysis {
-    profiles: crate::aggregate::Profiles,
+    profiles: crate::pipeline::aggregate::Profiles,
     subtitle: String,
     meta: ProfileMeta,
     timeline: Timeline,
@@ -577,8 +578,8 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
     let timeline = c.timeline(opts);
     let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), c.started_mono);
     let topology = crate::topology::Topology::of(opts.detectors.topology.as_deref())?;
-    let mut named = crate::replay::NameLog::default();
-    let mut namer = crate::aggregate::StackNamer::new(&c.table, &mut c.sym);
+    let mut named = crate::pipeline::replay::NameLog::default();
+    let mut namer = crate::pipeline::aggregate::StackNamer::new(&c.table, &mut c.sym);
     let mut findings = crate::pipeline::detect_named(
         &c.agg,
         c.target.pid,
@@ -607,8 +608,8 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
         address_log.as_mut(),
     );
     if let (Some(dir), Some(names)) = (&opts.save_replay, address_log) {
-        let recording = crate::replay::Recording {
-            version: crate::replay::VERSION,
+        let recording = crate::pipeline::replay::Recording {
+            version: crate::pipeline::replay::VERSION,
             command: opts.command.to_string(),
             pid: c.target.pid,
             started_ns: c.started_mono,
@@ -617,7 +618,7 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
             short_futex: c.short_futex.clone(),
             names: named.into_names(),
             findings: serde_json::to_value(&findings)?,
-            cache_lines: Some(crate::replay::CacheLineRecording {
+            cache_lines: Some(crate::pipeline::replay::CacheLineRecording {
                 topology: topology.clone(),
                 sampled: c.agg.user_regs.iter().map(|r| (r.ts_ns, r.tid)).collect(),
                 accesses: found.accesses.clone(),
@@ -626,7 +627,7 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
             }),
         };
         let events = c.agg.recording.take().unwrap_or_default();
-        crate::replay::write(dir, &recording, &events)?;
+        crate::pipeline::replay::write(dir, &recording, &events)?;
     }
     findings.extend(found.findings);
     let cache_lines = Some(report::CacheLines {
@@ -861,14 +862,21 @@ fn write_outputs(
     if opts.slot_source.is_some() {
         let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
         let slot_phase = |s: &crate::slots::Slot| phase_at(&c.phases, s.start_ns + s.duration_ns() / 2);
-        let mut writer =
-            slot_export::SlotWriter::new(&opts.out, &a.findings, &slot_phase, &a.meta, period_ns);
+        let mut writer = slot_export::SlotWriter::new(&opts.out, &a.findings);
         let slots = c
             .agg
             .resolve_slots_each(&a.timeline, &c.table, &mut c.sym, |i, p| {
-                writer.add(&a.timeline.slots()[i], p)
+                let slot = &a.timeline.slots()[i];
+                writer.slot(&SlotResult {
+                    slot,
+                    profiles: &p,
+                    findings: &a.findings,
+                    phase: slot_phase(slot),
+                    meta: &a.meta,
+                    period_ns,
+                })
             })
-            .and_then(|()| writer.finish());
+            .and_then(|()| writer.finish(&a.meta));
         let has_windows = a.timeline.slots().iter().any(|s| s.window.is_some());
         match slots {
             Ok(_) => {
@@ -988,12 +996,12 @@ fn code_is_mapped(target: &Target) -> bool {
 
 /// Feeds every batch the reader has queued.
 fn drain(
-    ring: &mut crate::ring_reader::RingReader,
+    ring: &mut crate::kernel::ring_reader::RingReader,
     agg: &mut Aggregator,
     slot_log: &SharedSlotLog,
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
     stack_ids: &mut Vec<i32>,
-    user: &mut crate::user_stacks::UserStacks,
+    user: &mut crate::kernel::user_stacks::UserStacks,
 ) {
     while let Some(batch) = ring.try_recv() {
         feed(&batch, agg, slot_log, saved.as_deref_mut(), stack_ids, user);
@@ -1001,12 +1009,12 @@ fn drain(
 }
 
 fn feed(
-    batch: &crate::ring_reader::Batch,
+    batch: &crate::kernel::ring_reader::Batch,
     agg: &mut Aggregator,
     slot_log: &SharedSlotLog,
     mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
     stack_ids: &mut Vec<i32>,
-    user: &mut crate::user_stacks::UserStacks,
+    user: &mut crate::kernel::user_stacks::UserStacks,
 ) {
     user.begin_batch();
     for item in batch.records() {

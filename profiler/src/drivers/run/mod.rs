@@ -19,8 +19,6 @@
 //! (`mod.rs`: the configuration, reloads, following targets by name) and
 //! the per-slot, per-window and hourly export (`export.rs`).
 
-pub mod export;
-
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -34,17 +32,18 @@ use symbolizer::Symbolizer;
 use tokio::signal::unix::SignalKind;
 
 use crate::{
-    aggregate::Aggregator,
     config::{Config, TargetSpec},
     detectors,
-    events::Event,
-    metrics::{self, Snapshot},
-    probes::{ProbeConfig, Probes, StackCache},
+    export::metrics::{self, Snapshot},
+    export::{always_on, SlotExport, SlotResult},
+    kernel::events::Event,
+    kernel::probes::{ProbeConfig, Probes, StackCache},
+    kernel::target::Target,
+    pipeline::aggregate::Aggregator,
+    pipeline::slot_window::{place_in_slots, Pending},
     slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
-    slot_window::{place_in_slots, Pending},
     slots::{monotonic_ns, Slot, Timeline},
-    target::Target,
 };
 
 /// How long after a slot's end its events are taken as complete.
@@ -124,13 +123,13 @@ async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
     }
     if config.slot_source != running.slot_source {
         if let Some(SlotSourceSpec::Uprobe { binary, function, .. }) = &config.slot_source {
-            crate::attach::uprobe_target(binary, function).context("slots.source")?;
+            crate::kernel::attach::uprobe_target(binary, function).context("slots.source")?;
         }
     }
     let loop_changed = config.loop_symbol != running.loop_symbol || config.target != running.target;
     if let (true, Some(f), Ok(target)) = (loop_changed, &config.loop_symbol, find_target(&config.target)) {
         if let Some(exe) = &target.exe {
-            crate::attach::uprobe_target(exe, f).context("detectors.loop_symbol")?;
+            crate::kernel::attach::uprobe_target(exe, f).context("detectors.loop_symbol")?;
         }
     }
     let listener = if config.metrics_listen != running.metrics_listen {
@@ -187,7 +186,7 @@ impl Signals {
 /// Runs until SIGTERM/SIGINT (or `--duration`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut config = load(&o)?;
-    let mut exporter = export::Exporter::open(&config)?;
+    let mut exporter = always_on::Exporter::open(&config)?;
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
     let mut server = start_metrics(&config, &snapshot).await?;
     let mut signals = Signals {
@@ -470,7 +469,7 @@ async fn follow(
     o: &RunOptions,
     config: &Config,
     target: Target,
-    exporter: &mut export::Exporter,
+    exporter: &mut always_on::Exporter,
     snapshot: &Arc<Mutex<Snapshot>>,
     signals: &mut Signals,
     lost_before: &mut HashMap<String, u64>,
@@ -534,13 +533,13 @@ async fn follow(
 struct Follow {
     slot_source: SlotSourceSpec,
     probes: Probes,
-    ring: crate::ring_reader::RingReader,
+    ring: crate::kernel::ring_reader::RingReader,
     slot_log: SharedSlotLog,
     source_task: Option<crate::background::Background>,
     /// When following began (CLOCK_MONOTONIC ns): a clock source's origin.
     origin: u64,
     sym: Symbolizer,
-    maps_errors: crate::session::MapsErrors,
+    maps_errors: crate::drivers::session::MapsErrors,
     phase: Option<Phase>,
     pending: Pending,
     stacks: StackCache,
@@ -558,13 +557,13 @@ impl Follow {
             origin_ns: None,
             leader: None,
         });
-        let crate::attach::Attached {
+        let crate::kernel::attach::Attached {
             probes,
             ring,
             slot_log,
             source_task,
             not_attached,
-        } = crate::attach::attach(
+        } = crate::kernel::attach::attach(
             target,
             Some(&slot_source),
             config
@@ -589,7 +588,7 @@ impl Follow {
         // Said at the first attach, not again at each target restart.
         static KALLSYMS_SAID: std::sync::Once = std::sync::Once::new();
         KALLSYMS_SAID.call_once(|| {
-            if let Some(w) = crate::privileges::kernel_symbols_warning() {
+            if let Some(w) = crate::kernel::privileges::kernel_symbols_warning() {
                 eprintln!("slotprof: warning: {w}");
             }
         });
@@ -608,8 +607,8 @@ impl Follow {
             slot_log,
             source_task,
             origin,
-            sym: crate::session::symbolizer_for(target.pid)?,
-            maps_errors: crate::session::MapsErrors::default(),
+            sym: crate::drivers::session::symbolizer_for(target.pid)?,
+            maps_errors: crate::drivers::session::MapsErrors::default(),
             phase: config.phase_probe.as_ref().map(Phase::start),
             pending: Pending::default(),
             stacks: StackCache::default(),
@@ -820,7 +819,7 @@ impl Follow {
         drop(kernel_ring);
         drop(self.probes);
         let meta = meta(chunk.target, &chunk.config);
-        chunk.exporter.flush(&meta)
+        chunk.exporter.finish(&meta)
     }
 }
 
@@ -945,10 +944,10 @@ impl LossReport {
 
 /// Feeds every batch the reader has queued.
 fn drain(
-    ring: &mut crate::ring_reader::RingReader,
+    ring: &mut crate::kernel::ring_reader::RingReader,
     pending: &mut Pending,
     slot_log: &SharedSlotLog,
-    user: &mut crate::user_stacks::UserStacks,
+    user: &mut crate::kernel::user_stacks::UserStacks,
 ) {
     while let Some(batch) = ring.try_recv() {
         feed(&batch, pending, slot_log, user);
@@ -956,10 +955,10 @@ fn drain(
 }
 
 fn feed(
-    batch: &crate::ring_reader::Batch,
+    batch: &crate::kernel::ring_reader::Batch,
     pending: &mut Pending,
     slot_log: &SharedSlotLog,
-    user: &mut crate::user_stacks::UserStacks,
+    user: &mut crate::kernel::user_stacks::UserStacks,
 ) {
     user.begin_batch();
     for item in batch.records() {
@@ -974,7 +973,7 @@ struct Chunk<'a> {
     config: Config,
     target: &'a Target,
     topology: &'a crate::topology::Topology,
-    exporter: &'a mut export::Exporter,
+    exporter: &'a mut always_on::Exporter,
     snapshot: &'a Arc<Mutex<Snapshot>>,
 }
 
@@ -986,7 +985,7 @@ struct Window<'a> {
     /// Where the batch's events begin (the end of the previous batch).
     from: u64,
     agg: &'a Aggregator,
-    table: &'a crate::aggregate::StackTable,
+    table: &'a crate::pipeline::aggregate::StackTable,
     short_futex: &'a [(u64, u64, u64)],
 }
 
@@ -1030,29 +1029,17 @@ impl Chunk<'_> {
             let phase = phase
                 .as_deref_mut()
                 .and_then(|ph| ph.of(slot.start_ns + slot.duration_ns() / 2));
-            let how = self.exporter.slot(slot, p, &findings, phase, &meta, period_ns)?;
-            let mut s = self.snapshot.lock().unwrap();
-            for f in findings.iter().filter(|f| f.slot == Some(slot.number)) {
-                *s.findings.entry(f.kind.to_string()).or_default() += 1;
-            }
-            s.slot_durations.observe(slot.duration_ns() as f64 / 1e9);
-            if matches!(how, export::Exported::Full | export::Exported::Summary) {
-                s.last_exported_slot = Some(slot.number);
-                s.last_export_unix_s = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .ok()
-                    .map(|d| d.as_secs_f64());
-            }
-            match how {
-                export::Exported::Full => s.slots_exported += 1,
-                export::Exported::Summary => s.slots_summarised += 1,
-                // Counted by the exporter, which knows why.
-                export::Exported::Skipped | export::Exported::Failed => {}
-            }
-            s.slots_skipped = self.exporter.skipped_low_space;
-            s.slots_failed = self.exporter.slots_failed;
-            s.export_write_errors = self.exporter.write_errors;
-            s.export_bytes = self.exporter.bytes();
+            let result = SlotResult {
+                slot,
+                profiles: p,
+                findings: &findings,
+                phase,
+                meta: &meta,
+                period_ns,
+            };
+            self.exporter.slot(&result)?;
+            metrics::SlotMetrics(self.snapshot).slot(&result)?;
+            self.snapshot.lock().unwrap().exported(self.exporter);
         }
         Ok(())
     }

@@ -1,0 +1,23 @@
+//! Everything that touches the kernel or the target process: loading and
+//! attaching the probes ([`probes`], [`attach`], [`btf`], [`tracefs`]),
+//! the event stream ([`ring_reader`]: the ring buffer drained off the event
+//! loop; [`events`]: its records decoded), stack maps and user stacks
+//! unwound from the copies the probes take ([`user_stacks`]), the target's
+//! threads and code ([`target`], [`memory_access`]: sampled instructions
+//! decoded against the target's code), syscall names ([`syscalls`]) and
+//! the privileges all this needs ([`privileges`]).
+//!
+//! Not here: what is made of the events once delivered (`pipeline`,
+//! `detectors`), and the loops that drive a mode (`drivers`).
+
+pub mod attach;
+pub mod btf;
+pub mod events;
+pub mod memory_access;
+pub mod privileges;
+pub mod probes;
+pub mod ring_reader;
+pub mod syscalls;
+pub mod target;
+pub mod tracefs;
+pub mod user_stacks;
