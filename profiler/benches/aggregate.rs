@@ -10,9 +10,10 @@
 use std::time::{Duration, Instant};
 
 use profiler::{
-    detectors::{Buckets, DetectorConfig},
+    detectors::DetectorConfig,
     kernel::events::{self, Event},
     pipeline::aggregate::{Aggregator, StackTable},
+    slots::Buckets,
     slots::Timeline,
 };
 use symbolizer::Symbolizer;
@@ -41,7 +42,7 @@ fn main() {
                     }
                     agg.ingest(&e)
                 }
-                None => agg.malformed += 1,
+                None => agg.note_malformed(),
             }
         }
         let t1 = Instant::now();

@@ -207,6 +207,22 @@ pub struct DetectorArgs {
     pub lock_threshold: Duration,
 }
 
+impl ProfileArgs {
+    /// What to measure, checked: the settings `run`'s configuration file
+    /// lowers into the same type.
+    pub fn spec(&self) -> anyhow::Result<crate::spec::ProfileSpec> {
+        Ok(crate::spec::ProfileSpec {
+            frequency_hz: self.freq,
+            min_offcpu: self.min_offcpu,
+            stack_repeat: self.stack_repeat,
+            slot_source: self.slot_source.clone(),
+            loop_symbol: self.detectors.loop_symbol.clone(),
+            detectors: self.detectors.config(self.freq),
+            phase_probe: self.phase.config()?,
+        })
+    }
+}
+
 impl DetectorArgs {
     /// The detectors' settings, for sampling at `freq_hz`.
     pub fn config(&self, freq_hz: u64) -> crate::detectors::DetectorConfig {

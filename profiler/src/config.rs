@@ -166,11 +166,9 @@ pub enum FullExport {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub target: TargetSpec,
-    pub frequency_hz: u64,
-    pub min_offcpu: Duration,
-    /// See [`crate::kernel::probes::ProbeConfig::stack_repeat`].
-    pub stack_repeat: Duration,
-    pub slot_source: Option<crate::slot_sources::SlotSourceSpec>,
+    /// What to measure, lowered here as the CLI lowers its flags
+    /// (`cli::ProfileArgs`) into the one type the drivers read.
+    pub spec: crate::spec::ProfileSpec,
     pub export_dir: PathBuf,
     pub full_export: FullExport,
     pub hourly_profiles: bool,
@@ -178,11 +176,6 @@ pub struct Config {
     pub retention_age: Duration,
     pub free_space_floor: u64,
     pub metrics_listen: SocketAddr,
-    pub loop_symbol: Option<String>,
-    /// The detectors' settings, lowered here as the CLI lowers its own
-    /// (`cli::DetectorArgs::config`) into the one type they read.
-    pub detectors: crate::detectors::DetectorConfig,
-    pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
 }
 
 impl Config {
@@ -266,12 +259,37 @@ impl Config {
         } else {
             None
         };
+        let detectors = crate::detectors::DetectorConfig {
+            loop_thread: f
+                .detectors
+                .loop_thread
+                .as_deref()
+                .map(|t| {
+                    t.parse()
+                        .map_err(|e: String| anyhow::anyhow!("detectors.loop_thread: {e}"))
+                })
+                .transpose()?,
+            gap_threshold_ns: dur("detectors.gap_threshold", &f.detectors.gap_threshold)?.as_nanos() as u64,
+            hot_threads: f.detectors.hot_threads,
+            purge_threshold_ns: dur("detectors.purge_threshold", &f.detectors.purge_threshold)?.as_nanos()
+                as u64,
+            lock_threshold_ns: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?.as_nanos()
+                as u64,
+            sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
+            topology: None,
+            pingpong_threshold: f.detectors.pingpong_threshold,
+        };
         Ok(Self {
             target,
-            frequency_hz: f.sampling.frequency_hz,
-            min_offcpu: dur("sampling.min_offcpu", &f.sampling.min_offcpu)?,
-            stack_repeat: dur("sampling.stack_repeat", &f.sampling.stack_repeat)?,
-            slot_source,
+            spec: crate::spec::ProfileSpec {
+                frequency_hz: f.sampling.frequency_hz,
+                min_offcpu: dur("sampling.min_offcpu", &f.sampling.min_offcpu)?,
+                stack_repeat: dur("sampling.stack_repeat", &f.sampling.stack_repeat)?,
+                slot_source,
+                loop_symbol: f.detectors.loop_symbol.clone(),
+                detectors,
+                phase_probe,
+            },
             export_dir: f.export.dir,
             full_export,
             hourly_profiles: f.export.hourly_profiles,
@@ -279,29 +297,6 @@ impl Config {
             retention_age: dur("export.retention_age", &f.export.retention_age)?,
             free_space_floor: bytes("export.free_space_floor", &f.export.free_space_floor)?,
             metrics_listen,
-            loop_symbol: f.detectors.loop_symbol.clone(),
-            detectors: crate::detectors::DetectorConfig {
-                loop_thread: f
-                    .detectors
-                    .loop_thread
-                    .as_deref()
-                    .map(|t| {
-                        t.parse()
-                            .map_err(|e: String| anyhow::anyhow!("detectors.loop_thread: {e}"))
-                    })
-                    .transpose()?,
-                gap_threshold_ns: dur("detectors.gap_threshold", &f.detectors.gap_threshold)?.as_nanos()
-                    as u64,
-                hot_threads: f.detectors.hot_threads,
-                purge_threshold_ns: dur("detectors.purge_threshold", &f.detectors.purge_threshold)?.as_nanos()
-                    as u64,
-                lock_threshold_ns: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?.as_nanos()
-                    as u64,
-                sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
-                topology: None,
-                pingpong_threshold: f.detectors.pingpong_threshold,
-            },
-            phase_probe,
         })
     }
 }
@@ -351,17 +346,17 @@ mod tests {
     fn the_shipped_sample_parses_to_the_defaults() {
         let c = Config::parse(SAMPLE).unwrap();
         assert_eq!(c.target, TargetSpec::Comm("agave-validator".into()));
-        assert_eq!(c.frequency_hz, 49);
+        assert_eq!(c.spec.frequency_hz, 49);
         assert_eq!(c.full_export, FullExport::FindingsAndLeader);
         assert_eq!(c.retention_bytes, 20 << 30);
         assert_eq!(c.retention_age, Duration::from_secs(7 * 86400));
         assert_eq!(c.free_space_floor, 5 << 30);
         assert_eq!(c.metrics_listen, "127.0.0.1:10440".parse().unwrap());
         assert!(matches!(
-            c.slot_source,
+            c.spec.slot_source,
             Some(crate::slot_sources::SlotSourceSpec::Rpc(_))
         ));
-        let p = c.phase_probe.unwrap();
+        let p = c.spec.phase_probe.unwrap();
         assert_eq!(
             (p.every, p.burst, p.cpus),
             (Duration::from_millis(100), Duration::from_millis(1), None)
@@ -369,7 +364,7 @@ mod tests {
         // Only the target is required.
         let minimal = Config::parse("[target]\npid = 7\n").unwrap();
         assert_eq!(minimal.target, TargetSpec::Pid(7));
-        assert_eq!(minimal.frequency_hz, 49);
+        assert_eq!(minimal.spec.frequency_hz, 49);
     }
 
     fn err(text: &str) -> String {

@@ -18,7 +18,8 @@
 //! Beside them, the vocabulary every folder shares: [`records`] (the
 //! decoded record types), [`slots`] (slots and the timeline), [`topology`],
 //! [`phase`], [`slot_sources`]; settings ([`cli`], [`config`],
-//! [`duration`]); and the plumbing ([`sys`]: every libc call, [`output`]:
+//! [`duration`], and [`spec`]: what every mode measures, one type both
+//! lower into); and the plumbing ([`sys`]: every libc call, [`output`]:
 //! atomic files, [`background`], [`sd_notify`]).
 
 pub mod background;
@@ -36,6 +37,7 @@ pub mod records;
 pub mod sd_notify;
 pub mod slot_sources;
 pub mod slots;
+pub mod spec;
 pub mod sys;
 pub mod topology;
 

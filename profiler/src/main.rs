@@ -148,19 +148,13 @@ fn session_options(
     exe: Option<std::path::PathBuf>,
 ) -> anyhow::Result<SessionOptions> {
     Ok(SessionOptions {
+        spec: p.spec()?,
         duration,
-        freq_hz: p.freq,
-        min_offcpu: p.min_offcpu,
-        stack_repeat: p.stack_repeat,
         out: p.out,
         command,
         probe_stats: p.probe_stats,
-        detectors: p.detectors.config(p.freq),
-        loop_symbol: p.detectors.loop_symbol.clone(),
         exe,
         detector_probes: !p.no_detector_probes,
-        phase_probe: p.phase.config()?,
-        slot_source: p.slot_source,
         save_events: p.save_events,
         save_replay: p.save_replay,
     })

@@ -120,6 +120,36 @@ impl Timeline {
     }
 }
 
+/// The time buckets findings are cut along: the session's slots, or
+/// nominal 400 ms windows when there is no slot source.
+pub struct Buckets<'a> {
+    timeline: Option<&'a Timeline>,
+    origin_ns: u64,
+}
+
+/// Bucket length without a slot source: one mainnet slot.
+const NOMINAL_SLOT_NS: u64 = 400_000_000;
+
+impl<'a> Buckets<'a> {
+    pub fn new(timeline: Option<&'a Timeline>, origin_ns: u64) -> Self {
+        Self {
+            timeline: timeline.filter(|t| !t.slots().is_empty()),
+            origin_ns,
+        }
+    }
+
+    /// `(slot number if any, bucket key)` of time `ts`; None outside every slot.
+    pub fn of(&self, ts: u64) -> Option<(Option<u64>, u64)> {
+        match self.timeline {
+            Some(t) => t.slot_at(ts).map(|i| {
+                let n = t.slots()[i].number;
+                (Some(n), n)
+            }),
+            None => Some((None, ts.saturating_sub(self.origin_ns) / NOMINAL_SLOT_NS)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +240,20 @@ mod tests {
     fn overlapping_slots_are_cut() {
         let t = Timeline::new(vec![slot(0, 0, 15), slot(1, 10, 20)]);
         assert_eq!(t.slots()[0].end_ns, 10);
+    }
+
+    #[test]
+    fn buckets_are_slots_or_nominal_400_ms_windows() {
+        let b = Buckets::new(None, 100);
+        assert_eq!(b.of(100), Some((None, 0)));
+        assert_eq!(b.of(100 + 400 * MS), Some((None, 1)));
+        assert_eq!(b.of(50), Some((None, 0)));
+        let t = Timeline::clock(std::time::Duration::from_millis(400), 0, None, 0, 800 * MS);
+        let b = Buckets::new(Some(&t), 0);
+        assert_eq!(b.of(401 * MS), Some((Some(1), 1)));
+        assert_eq!(b.of(900 * MS), None);
+        // An empty timeline is no timeline.
+        let empty = Timeline::new(Vec::new());
+        assert_eq!(Buckets::new(Some(&empty), 0).of(5), Some((None, 0)));
     }
 }

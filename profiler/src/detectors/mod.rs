@@ -1,7 +1,7 @@
 //! Detectors: pure functions from a session's events to [`Finding`]s.
 //!
 //! One file per detector. Each takes the events it needs (plain slices),
-//! a [`DetectorConfig`], the [`Buckets`] findings are cut along (the
+//! a [`DetectorConfig`], the `slots::Buckets` findings are cut along (the
 //! slots) and a way to name stacks; none touches the kernel, so each is
 //! unit-tested on constructed event streams.
 //!
@@ -19,15 +19,13 @@ pub mod lock_contention;
 pub mod main_loop_gap;
 pub mod sync_allocator_purge;
 
+use crate::slots::Buckets;
 use std::collections::{BTreeMap, HashMap};
 
 use profiler_ebpf::{FutexWait, LoopMark, MadviseCall};
 use serde::Serialize;
 
-use crate::{
-    records::{Interval, StackKey},
-    slots::Timeline,
-};
+use crate::records::{Interval, StackKey};
 
 /// What kind of stall a finding is (serialized as its name). In
 /// alphabetical order, so that findings sort as their names do.
@@ -227,36 +225,6 @@ impl<'a> Inputs<'a> {
 
 /// Names a stack: (tgid, stack id, kernel?) -> frames, root first.
 pub type NameStack<'a> = dyn FnMut(u32, i32, bool) -> Vec<String> + 'a;
-
-/// The time buckets findings are cut along: the session's slots, or
-/// nominal 400 ms windows when there is no slot source.
-pub struct Buckets<'a> {
-    timeline: Option<&'a Timeline>,
-    origin_ns: u64,
-}
-
-/// Bucket length without a slot source: one mainnet slot.
-const NOMINAL_SLOT_NS: u64 = 400_000_000;
-
-impl<'a> Buckets<'a> {
-    pub fn new(timeline: Option<&'a Timeline>, origin_ns: u64) -> Self {
-        Self {
-            timeline: timeline.filter(|t| !t.slots().is_empty()),
-            origin_ns,
-        }
-    }
-
-    /// `(slot number if any, bucket key)` of time `ts`; None outside every slot.
-    pub fn of(&self, ts: u64) -> Option<(Option<u64>, u64)> {
-        match self.timeline {
-            Some(t) => t.slot_at(ts).map(|i| {
-                let n = t.slots()[i].number;
-                (Some(n), n)
-            }),
-            None => Some((None, ts.saturating_sub(self.origin_ns) / NOMINAL_SLOT_NS)),
-        }
-    }
-}
 
 /// Runs every detector.
 pub fn run_all(
@@ -463,21 +431,6 @@ mod tests {
         let f = run_all(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);
         let kinds: Vec<_> = f.iter().map(|f| (f.kind.as_str(), f.start_ns / MS)).collect();
         assert_eq!(kinds, [("SyncAllocatorPurge", 10), ("MainLoopGap", 300)], "{f:?}");
-    }
-
-    #[test]
-    fn buckets_are_slots_or_nominal_400_ms_windows() {
-        let b = Buckets::new(None, 100);
-        assert_eq!(b.of(100), Some((None, 0)));
-        assert_eq!(b.of(100 + 400 * MS), Some((None, 1)));
-        assert_eq!(b.of(50), Some((None, 0)));
-        let t = Timeline::clock(std::time::Duration::from_millis(400), 0, None, 0, 800 * MS);
-        let b = Buckets::new(Some(&t), 0);
-        assert_eq!(b.of(401 * MS), Some((Some(1), 1)));
-        assert_eq!(b.of(900 * MS), None);
-        // An empty timeline is no timeline.
-        let empty = Timeline::new(Vec::new());
-        assert_eq!(Buckets::new(Some(&empty), 0).of(5), Some((None, 0)));
     }
 
     #[test]

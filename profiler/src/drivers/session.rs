@@ -12,11 +12,10 @@ use flamegraphs::pprof::{ProfileMeta, SampleType};
 use symbolizer::Symbolizer;
 use tokio::signal::unix::SignalKind;
 
-use crate::export::{SlotExport, SlotResult};
 use crate::{
-    detectors::{self, DetectorConfig},
+    detectors,
     export::report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
-    export::slot_export,
+    export::{slot_export, SlotExport, SlotResult},
     kernel::events,
     kernel::probes::{ProbeConfig, Probes, StackCache},
     kernel::target::Target,
@@ -29,28 +28,19 @@ use crate::{
 /// How a session runs.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
+    /// What to measure (shared with `run`).
+    pub spec: crate::spec::ProfileSpec,
     /// Stop after this long; `None` runs until Ctrl-C or the target exits.
     pub duration: Option<Duration>,
-    pub freq_hz: u64,
-    pub min_offcpu: Duration,
-    /// See [`ProbeConfig::stack_repeat`].
-    pub stack_repeat: Duration,
     pub out: PathBuf,
     /// "attach" or "record", for the summary.
     pub command: &'static str,
     /// Measure the probes' own cost (see [`ProbeConfig::probe_stats`]).
     pub probe_stats: bool,
-    /// Where slot boundaries come from; `None`: one profile for the session.
-    pub slot_source: Option<SlotSourceSpec>,
-    pub detectors: DetectorConfig,
-    /// `--loop-symbol`: a function of the target's executable.
-    pub loop_symbol: Option<String>,
     /// The target's executable when known before it runs (`record`).
     pub exe: Option<PathBuf>,
     /// Attach the detectors' probes (see [`ProbeConfig::detector_probes`]).
     pub detector_probes: bool,
-    /// The guest-side phase probe, when on.
-    pub phase_probe: Option<crate::phase::probe::ProbeConfig>,
     /// Write every raw record here too (see [`crate::kernel::events::write_raw`]).
     pub save_events: Option<PathBuf>,
     /// Write a recording for `replay` here.
@@ -141,14 +131,14 @@ impl Live {
             not_attached,
         } = crate::kernel::attach::attach(
             &target,
-            opts.slot_source.as_ref(),
-            opts.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
+            opts.spec.slot_source.as_ref(),
+            opts.spec.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
             opts.exe.as_deref(),
             ProbeConfig {
                 tgid: target.pid,
-                min_offcpu: opts.min_offcpu,
-                stack_repeat: opts.stack_repeat,
-                freq_hz: opts.freq_hz,
+                min_offcpu: opts.spec.min_offcpu,
+                stack_repeat: opts.spec.stack_repeat,
+                freq_hz: opts.spec.frequency_hz,
                 probe_stats: opts.probe_stats,
                 slot_uprobe: None,
                 loop_uprobe: None,
@@ -191,7 +181,7 @@ impl Live {
             .clone()
             .map(|exe| tokio::task::spawn_blocking(move || symbolizer::frame_pointers::scan(&exe).ok()));
 
-        let phase_probe = opts.phase_probe.as_ref().map(crate::phase::probe::start);
+        let phase_probe = opts.spec.phase_probe.as_ref().map(crate::phase::probe::start);
         let saved = match &opts.save_events {
             Some(p) => Some(std::io::BufWriter::new(
                 std::fs::File::create(p)
@@ -219,10 +209,10 @@ impl Live {
             phase_probe,
             saved,
             progress: std::io::stderr().is_terminal(),
-            agg: {
-                let mut agg = Aggregator::new();
-                agg.recording = opts.save_replay.as_ref().map(|_| Vec::new());
-                agg
+            agg: if opts.save_replay.is_some() {
+                Aggregator::recording()
+            } else {
+                Aggregator::new()
             },
             exited_after: None,
             maps_errors: MapsErrors::default(),
@@ -377,6 +367,7 @@ impl Live {
         let elapsed = started.elapsed();
         let phase_windows = phase_probe.map(|p| p.stop()).unwrap_or_default();
         let phases: Vec<crate::phase::analysis::CpuPhases> = opts
+            .spec
             .phase_probe
             .iter()
             .flat_map(|c| {
@@ -414,7 +405,7 @@ impl Live {
                 let alive = std::path::Path::new(&format!("/proc/{}/task/{tid}", target.pid)).exists();
                 if start.tgid != target.pid
                     || !alive
-                    || now.saturating_sub(start.start_ns) < opts.min_offcpu.as_nanos() as u64
+                    || now.saturating_sub(start.start_ns) < opts.spec.min_offcpu.as_nanos() as u64
                 {
                     continue;
                 }
@@ -509,7 +500,7 @@ impl Collected {
     /// The slots of the session, from its slot source.
     fn timeline(&self, opts: &SessionOptions) -> Timeline {
         let ended_mono = self.started_mono + self.elapsed.as_nanos() as u64;
-        match &opts.slot_source {
+        match &opts.spec.slot_source {
             Some(SlotSourceSpec::Clock {
                 slot,
                 origin_ns,
@@ -565,26 +556,29 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
         c.target.comm,
         c.target.pid,
         c.elapsed.as_secs_f64(),
-        opts.freq_hz,
+        opts.spec.frequency_hz,
         crate::VERSION
     );
     let meta = ProfileMeta {
         time_nanos: c.started_unix.as_nanos() as i64,
         duration_nanos: c.elapsed.as_nanos() as i64,
         period_type: Some(SampleType::new("cpu", "nanoseconds")),
-        period: (1_000_000_000 / opts.freq_hz.max(1)) as i64,
+        period: (1_000_000_000 / opts.spec.frequency_hz.max(1)) as i64,
         comments: vec![subtitle.clone()],
     };
     let timeline = c.timeline(opts);
-    let buckets = detectors::Buckets::new(opts.slot_source.is_some().then_some(&timeline), c.started_mono);
-    let topology = crate::topology::Topology::of(opts.detectors.topology.as_deref())?;
+    let buckets = crate::slots::Buckets::new(
+        opts.spec.slot_source.is_some().then_some(&timeline),
+        c.started_mono,
+    );
+    let topology = crate::topology::Topology::of(opts.spec.detectors.topology.as_deref())?;
     let mut named = crate::pipeline::replay::NameLog::default();
     let mut namer = crate::pipeline::aggregate::StackNamer::new(&c.table, &mut c.sym);
     let mut findings = crate::pipeline::detect_named(
         &c.agg,
         c.target.pid,
         &c.short_futex,
-        &opts.detectors,
+        &opts.spec.detectors,
         &buckets,
         &mut |tgid, id, kernel| {
             let frames = namer.part(tgid, id, kernel);
@@ -603,7 +597,7 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
         c.target.pid,
         &c.agg.thread_names(),
         &topology,
-        opts.detectors.pingpong_threshold,
+        opts.spec.detectors.pingpong_threshold,
         &mut c.sym,
         address_log.as_mut(),
     );
@@ -613,8 +607,8 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
             command: opts.command.to_string(),
             pid: c.target.pid,
             started_ns: c.started_mono,
-            slots: opts.slot_source.is_some().then(|| timeline.slots().to_vec()),
-            detectors: opts.detectors.clone(),
+            slots: opts.spec.slot_source.is_some().then(|| timeline.slots().to_vec()),
+            detectors: opts.spec.detectors.clone(),
             short_futex: c.short_futex.clone(),
             names: named.into_names(),
             findings: serde_json::to_value(&findings)?,
@@ -626,7 +620,7 @@ async fn analyze(opts: &SessionOptions, c: &mut Collected) -> anyhow::Result<Ana
                 findings: serde_json::to_value(&found.findings)?,
             }),
         };
-        let events = c.agg.recording.take().unwrap_or_default();
+        let events = c.agg.take_recording();
         crate::pipeline::replay::write(dir, &recording, &events)?;
     }
     findings.extend(found.findings);
@@ -693,7 +687,7 @@ fn warnings_of(
     let mut printed = std::mem::take(&mut c.attach_warnings);
     printed.extend(c.slot_log.lock().unwrap().warnings.iter().cloned());
     warnings.extend(printed.iter().cloned());
-    if opts.slot_source.is_some() && a.timeline.slots().is_empty() {
+    if opts.spec.slot_source.is_some() && a.timeline.slots().is_empty() {
         warnings.push("the slot source gave no slot during the session: no per-slot output".to_string());
     }
     if let Some(after) = c.exited_after {
@@ -711,7 +705,7 @@ fn warnings_of(
 /// with what was written and what was not.
 async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::Result<Outcome> {
     let a = analyze(opts, &mut c).await?;
-    let lost = Lost::new(&c.counters, c.agg.malformed, c.backlog_full);
+    let lost = Lost::new(&c.counters, c.agg.malformed(), c.backlog_full);
     let (printed, warnings) = warnings_of(opts, &mut c, &a, &lost);
     let mut a = a;
     let summary = summary_of(opts, &mut c, &mut a, lost, stop, warnings);
@@ -748,8 +742,8 @@ fn summary_of(
             Stop::Interrupted => "interrupted",
             Stop::TargetExited => "target exited",
         },
-        freq_hz: opts.freq_hz,
-        min_offcpu_ms: opts.min_offcpu.as_secs_f64() * 1e3,
+        freq_hz: opts.spec.frequency_hz,
+        min_offcpu_ms: opts.spec.min_offcpu.as_secs_f64() * 1e3,
         probes: std::mem::take(&mut c.probe_status),
         probe_cost: c.probe_cost.take(),
         counts: Counts {
@@ -775,7 +769,7 @@ fn summary_of(
             by_kind
         },
         madvise_by_thread: report::madvise_by_thread(&c.agg.madvise_log, &thread_names),
-        phase_probe: opts.phase_probe.as_ref().map(|p| {
+        phase_probe: opts.spec.phase_probe.as_ref().map(|p| {
             let in_slow = |ts: u64| phase_at(&c.phases, ts) == Some("slow");
             report::PhaseProbe {
                 every_ms: p.every.as_secs_f64() * 1e3,
@@ -859,8 +853,8 @@ fn write_outputs(
             .map_err(anyhow::Error::from)
             .and_then(|json| crate::output::write_atomic(&findings_path, &json)),
     );
-    if opts.slot_source.is_some() {
-        let period_ns = 1_000_000_000 / opts.freq_hz.max(1);
+    if opts.spec.slot_source.is_some() {
+        let period_ns = 1_000_000_000 / opts.spec.frequency_hz.max(1);
         let slot_phase = |s: &crate::slots::Slot| phase_at(&c.phases, s.start_ns + s.duration_ns() / 2);
         let mut writer = slot_export::SlotWriter::new(&opts.out, &a.findings);
         let slots = c
@@ -1020,14 +1014,14 @@ fn feed(
     for item in batch.records() {
         if let Some(w) = saved.as_deref_mut() {
             if events::write_raw(w, item).is_err() {
-                agg.malformed += 1;
+                agg.note_malformed();
             }
         }
         if user
             .feed(item, &mut |e| ingest(agg, slot_log, stack_ids, e))
             .is_err()
         {
-            agg.malformed += 1;
+            agg.note_malformed();
         }
     }
 }

@@ -84,10 +84,10 @@ pub struct Aggregator {
     pub offcpu_intervals: u64,
     pub offcpu_ns: u64,
     /// Records that did not decode (never expected; counted, not trusted).
-    pub malformed: u64,
+    malformed: u64,
     /// Every event counted, as records (`events::write_raw`), while a
     /// recording for `replay` is asked for (`--save-replay`).
-    pub recording: Option<Vec<u8>>,
+    recording: Option<Vec<u8>>,
 }
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
@@ -109,6 +109,36 @@ impl Aggregator {
     }
 
     /// Counts one decoded record.
+    /// An aggregator that also keeps every event it counts, for a
+    /// recording (`replay`; `--save-replay`).
+    pub fn recording() -> Self {
+        Self {
+            recording: Some(Vec::new()),
+            ..Self::new()
+        }
+    }
+
+    /// The events kept for a recording (empty without [`Self::recording`]).
+    pub fn take_recording(&mut self) -> Vec<u8> {
+        self.recording.take().unwrap_or_default()
+    }
+
+    /// A record that could not be read (or kept).
+    pub fn note_malformed(&mut self) {
+        self.malformed += 1;
+    }
+
+    /// Records that could not be read.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+
+    /// The last loop mark of an earlier window: where this window's first
+    /// iteration began (the gap detector needs its start).
+    pub fn seed_loop_mark(&mut self, mark: LoopMark) {
+        self.loop_marks.push(mark);
+    }
+
     pub fn ingest(&mut self, event: &Event) {
         // Samples' registers are the cache-line detector's, which a
         // recording does not replay: left out (a fifth of a recording).

@@ -1,10 +1,17 @@
-//! What every mode does with a window of aggregated events once the kernel
-//! side has delivered it: the detectors, with their stacks named, and the
-//! cache-line detector over the samples' decoded memory accesses.
+//! What every mode does with a window of events once the kernel side has
+//! delivered them, with no kernel in reach: [`aggregate`] (events -> logs
+//! and totals, per-thread and per-slot profiles), [`intervals`] (the
+//! off-CPU intervals, spilled to a file past a bound), [`slot_window`]
+//! (events held until their slot ends and cut at slot ends: the always-on
+//! path), and here the detectors over a window with its stacks named
+//! ([`detect`]) and the cache-line detector over the samples' decoded
+//! memory accesses ([`cache_lines`], [`LeaderWindows`] for run's leader
+//! windows). [`replay`] runs all of it on a recording.
+//!
 //! `session` (attach/record: one window, the session) and `run` (one
-//! window per batch of finished slots, and per leader window for cache
-//! lines) both call these; nothing here touches the kernel, the clock or
-//! the file system (the symbolizer reads the target's files and memory).
+//! window per batch of finished slots) both call these. Not here: the
+//! probes and the ring (`kernel`), the detectors themselves (`detectors`),
+//! files (`export`); the symbolizer reads the target's files and memory.
 
 pub mod aggregate;
 pub mod intervals;
@@ -17,12 +24,11 @@ use serde::{Deserialize, Serialize};
 use symbolizer::Symbolizer;
 
 use crate::{
-    detectors::{
-        self, cache_line_ping_pong::AddressNames, Buckets, DetectorConfig, Finding, Inputs, NameStack,
-    },
+    detectors::{self, cache_line_ping_pong::AddressNames, DetectorConfig, Finding, Inputs, NameStack},
     kernel::memory_access::{DecodeStats, MemoryAccess},
     pipeline::aggregate::{Aggregator, StackNamer, StackTable},
     records::Interval,
+    slots::Buckets,
     topology::Topology,
 };
 use profiler_ebpf::UserRegs;

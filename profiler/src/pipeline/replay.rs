@@ -33,13 +33,13 @@ use crate::{
             analysis::{Sysctls, VmInfo},
             Counts, HostFinding, HostSample,
         },
-        Buckets, DetectorConfig, Finding,
+        DetectorConfig, Finding,
     },
     kernel::events,
     kernel::memory_access::MemoryAccess,
     pipeline::aggregate::Aggregator,
     pipeline::AddressLog,
-    slots::{Slot, Timeline},
+    slots::{Buckets, Slot, Timeline},
     topology::Topology,
 };
 

@@ -51,7 +51,7 @@ impl Pending {
     pub(crate) fn take_until(&mut self, c: u64, b: u64, agg: &mut Aggregator) {
         let mut keep = Vec::new();
         if let Some(m) = self.last_loop_mark {
-            agg.loop_marks.push(m);
+            agg.seed_loop_mark(m);
         }
         for ev in std::mem::take(&mut self.events) {
             let (start, end) = match &ev {

@@ -33,7 +33,6 @@ use tokio::signal::unix::SignalKind;
 
 use crate::{
     config::{Config, TargetSpec},
-    detectors,
     export::metrics::{self, Snapshot},
     export::{always_on, SlotExport, SlotResult},
     kernel::events::Event,
@@ -97,12 +96,12 @@ enum End {
 /// is applied in place, without a gap in the profile).
 fn needs_reattach(old: &Config, new: &Config) -> bool {
     old.target != new.target
-        || old.frequency_hz != new.frequency_hz
-        || old.min_offcpu != new.min_offcpu
-        || old.stack_repeat != new.stack_repeat
-        || old.slot_source != new.slot_source
-        || old.loop_symbol != new.loop_symbol
-        || old.phase_probe != new.phase_probe
+        || old.spec.frequency_hz != new.spec.frequency_hz
+        || old.spec.min_offcpu != new.spec.min_offcpu
+        || old.spec.stack_repeat != new.spec.stack_repeat
+        || old.spec.slot_source != new.spec.slot_source
+        || old.spec.loop_symbol != new.spec.loop_symbol
+        || old.spec.phase_probe != new.spec.phase_probe
         || old.metrics_listen != new.metrics_listen
 }
 
@@ -121,13 +120,17 @@ async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
             Target::from_pid(p).with_context(|| format!("target.pid = {p}"))?;
         }
     }
-    if config.slot_source != running.slot_source {
-        if let Some(SlotSourceSpec::Uprobe { binary, function, .. }) = &config.slot_source {
+    if config.spec.slot_source != running.spec.slot_source {
+        if let Some(SlotSourceSpec::Uprobe { binary, function, .. }) = &config.spec.slot_source {
             crate::kernel::attach::uprobe_target(binary, function).context("slots.source")?;
         }
     }
-    let loop_changed = config.loop_symbol != running.loop_symbol || config.target != running.target;
-    if let (true, Some(f), Ok(target)) = (loop_changed, &config.loop_symbol, find_target(&config.target)) {
+    let loop_changed = config.spec.loop_symbol != running.spec.loop_symbol || config.target != running.target;
+    if let (true, Some(f), Ok(target)) = (
+        loop_changed,
+        &config.spec.loop_symbol,
+        find_target(&config.target),
+    ) {
         if let Some(exe) = &target.exe {
             crate::kernel::attach::uprobe_target(exe, f).context("detectors.loop_symbol")?;
         }
@@ -483,7 +486,7 @@ async fn follow(
         target.pid,
         config.export_dir.display()
     ));
-    let topology = crate::topology::Topology::of(config.detectors.topology.as_deref())?;
+    let topology = crate::topology::Topology::of(config.spec.detectors.topology.as_deref())?;
     let mut chunk = Chunk {
         config: config.clone(),
         target: &target,
@@ -552,7 +555,7 @@ struct Follow {
 impl Follow {
     /// Attaches to `target`, starts its slot source and the phase probe.
     fn start(config: &Config, target: &Target, snapshot: &Arc<Mutex<Snapshot>>) -> anyhow::Result<Follow> {
-        let slot_source = config.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
+        let slot_source = config.spec.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
             slot: Duration::from_millis(400),
             origin_ns: None,
             leader: None,
@@ -567,15 +570,16 @@ impl Follow {
             target,
             Some(&slot_source),
             config
+                .spec
                 .loop_symbol
                 .as_deref()
                 .map(|f| ("detectors.loop_symbol", f)),
             None,
             ProbeConfig {
                 tgid: target.pid,
-                min_offcpu: config.min_offcpu,
-                stack_repeat: config.stack_repeat,
-                freq_hz: config.frequency_hz,
+                min_offcpu: config.spec.min_offcpu,
+                stack_repeat: config.spec.stack_repeat,
+                freq_hz: config.spec.frequency_hz,
                 probe_stats: false,
                 slot_uprobe: None,
                 loop_uprobe: None,
@@ -597,7 +601,7 @@ impl Follow {
             "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
             target.comm,
             target.pid,
-            config.frequency_hz,
+            config.spec.frequency_hz,
             config.export_dir.display()
         );
         let f = Follow {
@@ -609,7 +613,7 @@ impl Follow {
             origin,
             sym: crate::drivers::session::symbolizer_for(target.pid)?,
             maps_errors: crate::drivers::session::MapsErrors::default(),
-            phase: config.phase_probe.as_ref().map(Phase::start),
+            phase: config.spec.phase_probe.as_ref().map(Phase::start),
             pending: Pending::default(),
             stacks: StackCache::default(),
             processed_until: origin,
@@ -737,7 +741,7 @@ impl Follow {
             pid,
             c,
             b,
-            chunk.config.min_offcpu.as_nanos() as u64,
+            chunk.config.spec.min_offcpu.as_nanos() as u64,
             &mut agg,
             &mut |tid, start| user.of_sleeper(pid, tid, start),
         );
@@ -844,12 +848,12 @@ fn meta(target: &Target, config: &Config) -> ProfileMeta {
             .as_nanos() as i64,
         duration_nanos: 0,
         period_type: Some(SampleType::new("cpu", "nanoseconds")),
-        period: (1_000_000_000 / config.frequency_hz.max(1)) as i64,
+        period: (1_000_000_000 / config.spec.frequency_hz.max(1)) as i64,
         comments: vec![format!(
             "{} (pid {}), always-on at {} Hz, slotprof {}",
             target.comm,
             target.pid,
-            config.frequency_hz,
+            config.spec.frequency_hz,
             crate::VERSION
         )],
     }
@@ -1003,12 +1007,12 @@ impl Chunk<'_> {
         let (slots, c, agg, table) = (w.slots, w.from, w.agg, w.table);
         let timeline = Timeline::new(slots.to_vec());
         let per_slot = agg.resolve_slots(&timeline, table, sym)?;
-        let buckets = detectors::Buckets::new(Some(&timeline), c);
+        let buckets = crate::slots::Buckets::new(Some(&timeline), c);
         let mut findings = crate::pipeline::detect(
             agg,
             self.target.pid,
             w.short_futex,
-            &self.config.detectors,
+            &self.config.spec.detectors,
             &buckets,
             table,
             sym,
@@ -1018,12 +1022,12 @@ impl Chunk<'_> {
             agg,
             self.target.pid,
             self.topology,
-            self.config.detectors.pingpong_threshold,
+            self.config.spec.detectors.pingpong_threshold,
             sym,
         ));
         place_in_slots(&mut findings, &timeline, slots);
         let meta = meta(self.target, &self.config);
-        let period_ns = 1_000_000_000 / self.config.frequency_hz.max(1);
+        let period_ns = 1_000_000_000 / self.config.spec.frequency_hz.max(1);
         self.snapshot.lock().unwrap().samples += agg.samples;
         for (slot, p) in slots.iter().zip(&per_slot) {
             let phase = phase
