@@ -90,6 +90,18 @@ pub fn malloc_trim() {
     }
 }
 
+/// glibc's heap: (bytes in use, bytes free but held), all arenas.
+pub fn heap_bytes() -> Option<(u64, u64)> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let m = unsafe { libc::mallinfo2() };
+        Some(((m.uordblks + m.hblkhd) as u64, m.fordblks as u64))
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
+}
+
 /// Allocations of at least `bytes` get mappings of their own (returned to
 /// the system when freed). Call before other threads exist.
 pub fn set_mmap_threshold(bytes: i32) {

@@ -467,14 +467,7 @@ fn process(out: &mut String, own: &Process) {
 
 /// glibc's heap: (bytes in use, bytes free but held), all arenas.
 fn heap_bytes() -> Option<(u64, u64)> {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallinfo2 only reads the allocator's counters.
-        let m = unsafe { libc::mallinfo2() };
-        Some(((m.uordblks + m.hblkhd) as u64, m.fordblks as u64))
-    }
-    #[cfg(not(target_env = "gnu"))]
-    None
+    crate::sys::heap_bytes()
 }
 
 /// Connections served at once; one more is closed as soon as it is

@@ -128,34 +128,20 @@ pub fn cache_lines(
     log: Option<&mut AddressLog>,
 ) -> CacheLines {
     let (accesses, decoding) = crate::kernel::memory_access::decode(regs, sym);
-    let mut names = SymNames { sym, pid };
-    let sampled = regs.iter().map(|r| r.tid);
-    let findings = match log {
-        Some(log) => {
-            let mut logged = Logged {
-                inner: &mut names,
-                log,
-            };
-            cache_line_findings(
-                &accesses,
-                sampled,
-                pid,
-                thread_names,
-                topology,
-                threshold,
-                &mut logged,
-            )
-        }
-        None => cache_line_findings(
-            &accesses,
-            sampled,
-            pid,
-            thread_names,
-            topology,
-            threshold,
-            &mut names,
-        ),
+    let mut names = Logged {
+        inner: &mut SymNames { sym, pid },
+        log,
     };
+    let sampled = regs.iter().map(|r| r.tid);
+    let findings = cache_line_findings(
+        &accesses,
+        sampled,
+        pid,
+        thread_names,
+        topology,
+        threshold,
+        &mut names,
+    );
     CacheLines {
         accesses,
         decoding,
@@ -203,22 +189,26 @@ impl AddressNames for AddressLog {
     }
 }
 
-/// Names from `inner`, noted in `log`.
+/// Names from `inner`, noted in `log` when there is one.
 struct Logged<'a> {
     inner: &'a mut dyn AddressNames,
-    log: &'a mut AddressLog,
+    log: Option<&'a mut AddressLog>,
 }
 
 impl AddressNames for Logged<'_> {
     fn code(&mut self, addr: u64) -> String {
         let name = self.inner.code(addr);
-        self.log.code.insert(addr, name.clone());
+        if let Some(log) = self.log.as_mut() {
+            log.code.insert(addr, name.clone());
+        }
         name
     }
 
     fn data(&mut self, addr: u64) -> String {
         let name = self.inner.data(addr);
-        self.log.data.insert(addr, name.clone());
+        if let Some(log) = self.log.as_mut() {
+            log.data.insert(addr, name.clone());
+        }
         name
     }
 }

@@ -377,3 +377,149 @@ pub fn detect(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn unmap(ts_ns: u64, source: Source, pages: u64, attribution: Attribution) -> HostSample {
+        HostSample {
+            ts_ns,
+            tgid: 7,
+            comm: "kcompactd0".into(),
+            source,
+            stack: 0,
+            what: HostWhat::Unmap { pages, attribution },
+        }
+    }
+
+    fn vm(pid: u32) -> BTreeMap<u32, VmInfo> {
+        BTreeMap::from([(
+            pid,
+            VmInfo {
+                pid,
+                comm: "qemu".into(),
+                locked_kib: Some(1 << 20),
+                size_kib: Some(2 << 20),
+            },
+        )])
+    }
+
+    fn counts(samples: &[HostSample], seconds: f64) -> Counts {
+        let mut c = Counts::new(0);
+        c.stacks.push(vec!["kcompactd".into(), "compact_zone".into()]);
+        for s in samples {
+            c.ingest(s);
+        }
+        c.end(seconds);
+        c
+    }
+
+    #[test]
+    fn a_vm_with_enough_invalidated_guest_pages_gets_one_finding_by_its_top_source() {
+        let mut samples = Vec::new();
+        for sec in 2..5 {
+            samples.push(unmap(
+                sec * S,
+                Source::ProactiveCompaction,
+                900,
+                Attribution::Vm(42),
+            ));
+        }
+        samples.push(unmap(3 * S, Source::ManualCompaction, 300, Attribution::Vm(42)));
+        // Not the VM's guest memory, not a VM's at all: totals only.
+        samples.push(unmap(
+            3 * S,
+            Source::ProactiveCompaction,
+            5000,
+            Attribution::VmmOwn(42),
+        ));
+        samples.push(unmap(
+            3 * S,
+            Source::ProactiveCompaction,
+            50,
+            Attribution::Unknown,
+        ));
+        let c = counts(&samples, 10.0);
+        assert_eq!(
+            c.series.seconds.len(),
+            10,
+            "the series ends where the session did"
+        );
+        assert_eq!(c.totals.vmm_own_pages, 5000);
+        assert_eq!(c.totals.attributed_pages, 3000);
+        assert_eq!(c.totals.unattributed_pages, 50);
+        let found = detect(&c, &vm(42), &Sysctls::default(), 10.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let f = &found[0];
+        assert_eq!(f.finding.kind, super::super::FindingKind::KvmMmuInvalidation);
+        assert_eq!((f.finding.pid, f.finding.magnitudes["pages"]), (42, 3000.0));
+        assert_eq!(f.finding.cause.as_deref(), Some("kcompactd-proactive"));
+        assert_eq!(f.sources[0].pages, 2700);
+        assert_eq!(f.sources[1].source, "manual-compaction");
+        assert_eq!(f.finding.start_ns, 2 * S);
+        assert_eq!(f.finding.duration_ns, 3 * S);
+        assert_eq!(f.finding.stack, ["kcompactd", "compact_zone"]);
+    }
+
+    #[test]
+    fn few_pages_own_unmaps_and_other_records_make_no_finding() {
+        let samples = vec![
+            // Under MIN_FINDING_PAGES.
+            unmap(
+                S,
+                Source::ProactiveCompaction,
+                MIN_FINDING_PAGES - 1,
+                Attribution::Vm(42),
+            ),
+            // The VM freeing its own memory: counted, never a finding.
+            unmap(S, Source::OwnUnmap, 100_000, Attribution::Vm(43)),
+            HostSample {
+                what: HostWhat::Malformed,
+                ..unmap(S, Source::Other, 0, Attribution::Unknown)
+            },
+            HostSample {
+                what: HostWhat::Migrate {
+                    succeeded: 10,
+                    failed: 1,
+                    for_compaction: true,
+                },
+                ..unmap(S, Source::ProactiveCompaction, 0, Attribution::Unknown)
+            },
+        ];
+        let c = counts(&samples, 2.0);
+        assert_eq!(c.malformed, 1);
+        assert_eq!(c.totals.invalidated_pages, MIN_FINDING_PAGES - 1 + 100_000);
+        assert_eq!(
+            (c.totals.migrated_for_compaction, c.totals.migrate_failed),
+            (10, 1)
+        );
+        let mut vms = vm(42);
+        vms.extend(vm(43));
+        assert!(detect(&c, &vms, &Sysctls::default(), 2.0).is_empty());
+    }
+
+    #[test]
+    fn ranges_several_vms_map_are_ambiguous_and_name_no_process() {
+        let c = counts(
+            &[unmap(
+                S,
+                Source::ProactiveCompaction,
+                4096,
+                Attribution::Ambiguous(vec![1, 2]),
+            )],
+            2.0,
+        );
+        assert_eq!(c.ambiguous[&vec![1, 2]], 4096);
+        let found = detect(&c, &BTreeMap::new(), &Sysctls::default(), 2.0);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].finding.pid, 0);
+        assert!(
+            found[0].vm.comm.contains("cannot single out"),
+            "{}",
+            found[0].vm.comm
+        );
+    }
+}
