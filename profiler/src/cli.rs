@@ -20,6 +20,9 @@ pub enum Command {
     Record(RecordArgs),
     /// Differential flamegraph of two slots, leader windows or sessions.
     Diff(DiffArgs),
+    /// Which stall class costs the slots: bad-slot rates with and without
+    /// each finding kind, phase and window position, with 95% intervals.
+    Explain(ExplainArgs),
     /// Always on: profile a validator continuously, export each slot,
     /// serve Prometheus metrics (see profiler/packaging/slotprof.toml).
     Run(RunArgs),
@@ -49,6 +52,28 @@ pub struct RunArgs {
     /// Print the sample configuration (every key, documented) and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// One directory per node: a `slotprof run` export (hours/*/slots.jsonl)
+    /// or an attach/record output with slots (slots/*/slot.json).
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// A slot is bad when it lasted longer than this (e.g. 450ms).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "outcomes", value_name = "DURATION")]
+    pub longer_than: Option<Duration>,
+    /// A slot is bad by your own judgement: JSON lines `{"slot": N, "bad":
+    /// true}` or `{"slot": N, "value": X}` with --threshold (e.g. a block's
+    /// compute units, bad below 7000000).
+    #[arg(long, value_name = "FILE")]
+    pub outcomes: Option<PathBuf>,
+    /// With --outcomes values: bad below this.
+    #[arg(long, requires = "outcomes")]
+    pub threshold: Option<f64>,
+    /// Also write explain.json here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

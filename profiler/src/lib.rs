@@ -28,6 +28,7 @@ pub mod config;
 pub mod detectors;
 pub mod drivers;
 pub mod duration;
+pub mod explain;
 pub mod export;
 pub mod kernel;
 pub mod output;

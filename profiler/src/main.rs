@@ -124,6 +124,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Explain(e) => {
+            let outcomes = match (&e.outcomes, e.longer_than) {
+                (Some(f), _) => profiler::explain::Outcomes::read(f, e.threshold)?,
+                (None, Some(d)) => profiler::explain::Outcomes::LongerThan(d.as_secs_f64() * 1e3),
+                (None, None) => anyhow::bail!(
+                    "say what makes a slot bad: --longer-than 450ms, or --outcomes FILE with your own \
+                     per-slot judgement"
+                ),
+            };
+            print!(
+                "{}",
+                profiler::explain::run(&e.dirs, &outcomes, e.out.as_deref())?
+            );
+            Ok(())
+        }
         Command::Record(r) => {
             let exe = find_program(&r.command[0])?;
             privileges::require_bpf()?;
