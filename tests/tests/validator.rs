@@ -91,20 +91,25 @@ impl SlotWatch {
 /// RSS in bytes (wait4's ru_maxrss).
 fn slotprof_with_rss(args: &[&str]) -> (bool, String, u64) {
     let dir = private_dir("stderr");
-    let err_path = dir.join("stderr");
+    slotprof_with_rss_to(args, &dir.join("stderr"))
+}
+
+/// [`slotprof_with_rss`] with its stderr in `err_path` (which another
+/// thread may watch while it runs).
+fn slotprof_with_rss_to(args: &[&str], err_path: &Path) -> (bool, String, u64) {
     // Reaped by wait4 below (for its rusage), not by Child::wait.
     #[allow(clippy::zombie_processes)]
     let child = Command::new(slotprof())
         .args(args)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
+        .stderr(std::fs::File::create(err_path).unwrap())
         .spawn()
         .expect("run slotprof");
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
     assert_eq!(pid, child.id() as i32, "wait4");
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(err_path).unwrap_or_default();
     eprintln!("slotprof {args:?}:\n{stderr}");
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     (ok, stderr, usage.ru_maxrss as u64 * 1024)
@@ -761,10 +766,22 @@ fn injected_gaps(
         .unwrap_or_else(|| panic!("the node has no {loop_thread} thread"));
     let stop = Arc::new(AtomicBool::new(false));
     let witness = RunDelay::watch(node.pid(), tid, stop.clone());
+    // Beside the output directory (slotprof wants that one to itself).
+    let err_dir = private_dir(&format!("{what}-stderr"));
+    let err_path = err_dir.join("stderr");
+    let attached = err_path.clone();
     let injector = std::thread::spawn(move || {
         prepare();
-        // slotprof attaches in a few seconds.
-        std::thread::sleep(Duration::from_secs(10));
+        // Once slotprof says it is attached (seconds; more on a loaded
+        // machine: a burst before it would be a test's mistake, not a
+        // miss), and the slot source has had a few slots.
+        let since = std::time::Instant::now();
+        while !std::fs::read_to_string(&attached).is_ok_and(|t| t.contains("slotprof: attached in"))
+            && since.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_secs(3));
         let mut done = Vec::new();
         for _ in 0..3 {
             let at = monotonic_ns();
@@ -774,21 +791,24 @@ fn injected_gaps(
         }
         done
     });
-    let (ok, stderr, _) = slotprof_with_rss(&[
-        "attach",
-        "--pid",
-        &node.pid().to_string(),
-        "--duration",
-        "30s",
-        "--slot-source",
-        &format!("rpc={}", node.rpc_url()),
-        "--loop-thread",
-        loop_thread,
-        "--gap-threshold",
-        "30ms",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, stderr, _) = slotprof_with_rss_to(
+        &[
+            "attach",
+            "--pid",
+            &node.pid().to_string(),
+            "--duration",
+            "30s",
+            "--slot-source",
+            &format!("rpc={}", node.rpc_url()),
+            "--loop-thread",
+            loop_thread,
+            "--gap-threshold",
+            "30ms",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &err_path,
+    );
     let done = injector.join().unwrap();
     stop.store(true, Ordering::Relaxed);
     let witness = witness.join().unwrap();

@@ -123,6 +123,7 @@ impl Live {
         // made later would not see it.
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+        let attaching = Instant::now();
         let crate::kernel::attach::Attached {
             probes,
             ring,
@@ -160,6 +161,12 @@ impl Live {
         for w in &attach_warnings {
             eprintln!("slotprof: warning: {w}");
         }
+        // The session's time counts from here (a validator's symbols and
+        // unwind tables take seconds to load).
+        eprintln!(
+            "slotprof: attached in {:.1} s; profiling",
+            attaching.elapsed().as_secs_f64()
+        );
         let started = Instant::now();
         let started_mono = monotonic_ns();
         let started_unix = std::time::SystemTime::now()
