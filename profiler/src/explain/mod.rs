@@ -331,8 +331,13 @@ pub fn render(t: &Table) -> String {
             format!("{}/{}", q.unexposed_bad, q.unexposed),
             num(q.ratio),
             format!("{}-{}", num(q.low), num(q.high)),
-            q.attributable_share
-                .map_or("-".into(), |a| format!("{:.0}%", a * 100.0)),
+            // A share of bad slots is claimed only where the interval
+            // says the exposure raises the risk.
+            match q.attributable_share {
+                Some(a) if stats::raises_risk(q) => format!("{:.0}%", a * 100.0),
+                Some(_) => "n.s.".into(),
+                None => "-".into(),
+            },
             if stats::raises_risk(q) {
                 "  <- raises the risk"
             } else {
