@@ -211,6 +211,10 @@ pub struct Row {
 #[derive(Clone, Debug, Serialize)]
 pub struct Table {
     pub node: String,
+    /// Which slots were judged: "leader slots" (this node's blocks), or
+    /// "all slots" when the data has no leader schedule (a clock slot
+    /// source without `leader=`).
+    pub judged: &'static str,
     /// Slots with an outcome, and the bad ones among them.
     pub slots: u64,
     pub bad: u64,
@@ -243,12 +247,17 @@ fn exposures(r: &SlotRow, prev: Option<&SlotRow>) -> BTreeSet<String> {
 
 /// Compares bad-slot rates with and without each exposure seen.
 pub fn table(node: &str, rows: &[SlotRow], outcomes: &Outcomes) -> Table {
+    // A node's blocks are its leader slots: only those are judged, when
+    // the data knows them.
+    let leaders_known = rows.iter().any(|r| r.leader);
     let mut judged: Vec<(BTreeSet<String>, bool)> = Vec::new();
     let mut prev: Option<&SlotRow> = None;
     for r in rows {
         let e = exposures(r, prev.filter(|p| p.node == r.node));
-        if let Some(bad) = outcomes.bad(r) {
-            judged.push((e, bad));
+        if r.leader || !leaders_known {
+            if let Some(bad) = outcomes.bad(r) {
+                judged.push((e, bad));
+            }
         }
         prev = Some(r);
     }
@@ -293,6 +302,11 @@ pub fn table(node: &str, rows: &[SlotRow], outcomes: &Outcomes) -> Table {
     });
     Table {
         node: node.to_string(),
+        judged: if leaders_known {
+            "leader slots"
+        } else {
+            "all slots"
+        },
         slots: total,
         bad,
         rows: out,
@@ -305,9 +319,10 @@ pub fn render(t: &Table) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{}: {} slots judged, {} bad ({:.2}%)",
+        "{}: {} {} judged, {} bad ({:.2}%)",
         t.node,
         t.slots,
+        t.judged,
         t.bad,
         100.0 * t.bad as f64 / t.slots.max(1) as f64
     );
@@ -479,6 +494,24 @@ mod tests {
             .unwrap();
         assert!(!stats::raises_risk(&after.ratio), "{}", render(&t));
         assert!(render(&t).contains("<- raises the risk"));
+    }
+
+    #[test]
+    fn only_leader_slots_are_judged_when_the_schedule_is_known() {
+        let mut rows = rows();
+        // Every third slot another node's: long or not, not this node's block.
+        for r in rows.iter_mut().filter(|r| r.slot % 3 == 0) {
+            r.leader = false;
+            r.duration_ms = 900.0;
+        }
+        let t = table("a", &rows, &Outcomes::LongerThan(450.0));
+        assert_eq!(t.judged, "leader slots");
+        assert_eq!(t.slots, rows.iter().filter(|r| r.leader).count() as u64);
+        // Without any leader slot: all of them, said.
+        rows.iter_mut().for_each(|r| r.leader = false);
+        let t = table("a", &rows, &Outcomes::LongerThan(450.0));
+        assert_eq!((t.judged, t.slots), ("all slots", 400));
+        assert!(render(&t).contains("400 all slots judged"), "{}", render(&t));
     }
 
     #[test]
