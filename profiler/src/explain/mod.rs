@@ -147,6 +147,18 @@ pub enum Outcomes {
 }
 
 impl Outcomes {
+    /// What made a slot bad, in words (for the report).
+    pub fn describe(&self) -> String {
+        match self {
+            Outcomes::LongerThan(ms) => format!("the slot lasted longer than {ms} ms"),
+            Outcomes::Given(m) => format!(
+                "the operator's outcomes ({} slots, {} bad)",
+                m.len(),
+                m.values().filter(|b| **b).count()
+            ),
+        }
+    }
+
     /// Whether `r` was bad; None when there is no outcome for it.
     pub fn bad(&self, r: &SlotRow) -> Option<bool> {
         match self {
@@ -319,7 +331,7 @@ pub fn render(t: &Table) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{}: {} {} judged, {} bad ({:.2}%)",
+        "{}: {} slots judged ({}), {} bad ({:.2}%)",
         t.node,
         t.slots,
         t.judged,
@@ -370,6 +382,8 @@ pub fn render(t: &Table) -> String {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub version: &'static str,
+    /// What made a slot bad.
+    pub outcomes: String,
     /// One per node, then all nodes pooled (when more than one).
     pub tables: Vec<Table>,
     /// Lines that were not slot records, per node.
@@ -382,7 +396,7 @@ pub fn run(dirs: &[PathBuf], outcomes: &Outcomes, out: Option<&Path>) -> anyhow:
     let mut tables = Vec::new();
     let mut pooled = Vec::new();
     let mut bad_lines = BTreeMap::new();
-    let mut text = String::new();
+    let mut text = format!("bad slots: {}\n", outcomes.describe());
     for d in dirs {
         let read = read_node(d)?;
         if let Some(first) = &read.first_bad {
@@ -415,6 +429,7 @@ pub fn run(dirs: &[PathBuf], outcomes: &Outcomes, out: Option<&Path>) -> anyhow:
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
         let report = Report {
             version: crate::VERSION,
+            outcomes: outcomes.describe(),
             tables,
             bad_lines,
         };
@@ -511,7 +526,11 @@ mod tests {
         rows.iter_mut().for_each(|r| r.leader = false);
         let t = table("a", &rows, &Outcomes::LongerThan(450.0));
         assert_eq!((t.judged, t.slots), ("all slots", 400));
-        assert!(render(&t).contains("400 all slots judged"), "{}", render(&t));
+        assert!(
+            render(&t).contains("400 slots judged (all slots)"),
+            "{}",
+            render(&t)
+        );
     }
 
     #[test]
