@@ -102,16 +102,17 @@ pub const VERSION: u32 = 2;
 
 /// Writes a recording into `dir` (created if needed).
 pub fn write(dir: &Path, recording: &Recording, events: &[u8]) -> anyhow::Result<()> {
+    write_gz(dir, EVENTS, events)?;
+    write_gz(dir, RECORDING, &serde_json::to_vec(recording)?)
+}
+
+/// Writes `bytes`, gzipped, to `dir/name` (the directory created if needed).
+fn write_gz(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("--save-replay: cannot create {}", dir.display()))?;
-    let gzip = |bytes: &[u8]| -> std::io::Result<Vec<u8>> {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        gz.write_all(bytes)?;
-        gz.finish()
-    };
-    crate::output::write_atomic(&dir.join(EVENTS), &gzip(events)?)?;
-    crate::output::write_atomic(&dir.join(RECORDING), &gzip(&serde_json::to_vec(recording)?)?)?;
-    Ok(())
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(bytes)?;
+    crate::output::write_atomic(&dir.join(name), &gz.finish()?)
 }
 
 /// A gzip file's contents, at most `limit` bytes of them.
@@ -125,17 +126,28 @@ fn gunzip(path: &Path, limit: u64) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A recording's description (`dir/name`, gzipped JSON) of this
+/// version; another version is refused with what to do.
+fn read_description<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    name: &str,
+    version: impl Fn(&T) -> u32,
+) -> anyhow::Result<T> {
+    let text = gunzip(&dir.join(name), 256 << 20)?;
+    let recording: T =
+        serde_json::from_slice(&text).with_context(|| format!("{} is not a recording", dir.display()))?;
+    let v = version(&recording);
+    anyhow::ensure!(
+        v == VERSION,
+        "{}: recording version {v} (this slotprof reads {VERSION}): record it again",
+        dir.display()
+    );
+    Ok(recording)
+}
+
 /// Reads a recording and its events (bounded: a recording is small).
 pub fn read(dir: &Path) -> anyhow::Result<(Recording, Vec<u8>)> {
-    let text = gunzip(&dir.join(RECORDING), 256 << 20)?;
-    let recording: Recording =
-        serde_json::from_slice(&text).with_context(|| format!("{} is not a recording", dir.display()))?;
-    anyhow::ensure!(
-        recording.version == VERSION,
-        "{}: recording version {} (this slotprof reads {VERSION}): record it again",
-        dir.display(),
-        recording.version
-    );
+    let recording: Recording = read_description(dir, RECORDING, |r: &Recording| r.version)?;
     Ok((recording, gunzip(&dir.join(EVENTS), 1 << 30)?))
 }
 
@@ -163,13 +175,19 @@ fn names(recording: &Recording) -> HashMap<(u32, i32, bool), Vec<String>> {
         .collect()
 }
 
-/// What a session runs on the recording: one aggregator over all of it,
-/// the detectors over the session's slots.
-pub fn detect(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Finding>> {
+/// One aggregator over every recorded event: a session's window.
+fn aggregate(events: &[u8]) -> Aggregator {
     let mut agg = Aggregator::new();
     for e in decode(events).0 {
         agg.ingest(&e);
     }
+    agg
+}
+
+/// What a session runs on the recording: one aggregator over all of it,
+/// the detectors over the session's slots.
+pub fn detect(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Finding>> {
+    let agg = aggregate(events);
     let timeline = recording.slots.clone().map(Timeline::new);
     let buckets = Buckets::new(timeline.as_ref(), recording.started_ns);
     detect_with(recording, &names(recording), &agg, &buckets)
@@ -193,7 +211,7 @@ fn detect_with(
 }
 
 /// What `slotprof run` does with the recording: events wait for their
-/// slot to end and are cut at slot ends (`run::Pending`), one aggregator
+/// slot to end and are cut at slot ends (`slot_window::Pending`), one aggregator
 /// and one detector pass per slot, a finding that began before its slot
 /// placed in it.
 pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Finding>> {
@@ -209,6 +227,11 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
     }
     let mut findings = Vec::new();
     let mut windows = crate::pipeline::LeaderWindows::default();
+    let regs = recording
+        .cache_lines
+        .as_ref()
+        .map(sampled_regs)
+        .unwrap_or_default();
     let mut c = recording.started_ns;
     for slot in slots {
         let mut agg = Aggregator::new();
@@ -219,7 +242,14 @@ pub fn always_on(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<Fin
         crate::pipeline::slot_window::place_in_slots(&mut found, &timeline, std::slice::from_ref(slot));
         findings.extend(found);
         if let Some(lines) = &recording.cache_lines {
-            findings.extend(always_on_cache_lines(recording, lines, slot, &agg, &mut windows));
+            findings.extend(always_on_cache_lines(
+                recording,
+                lines,
+                &regs,
+                slot,
+                &agg,
+                &mut windows,
+            ));
         }
         c = slot.end_ns;
     }
@@ -233,10 +263,7 @@ pub fn cache_lines(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<F
         .cache_lines
         .as_ref()
         .context("the recording has no cache-line inputs (record it again)")?;
-    let mut agg = Aggregator::new();
-    for e in decode(events).0 {
-        agg.ingest(&e);
-    }
+    let agg = aggregate(events);
     Ok(crate::pipeline::cache_line_findings(
         &c.accesses,
         c.sampled.iter().map(|s| s.1),
@@ -255,23 +282,13 @@ pub fn cache_lines(recording: &Recording, events: &[u8]) -> anyhow::Result<Vec<F
 fn always_on_cache_lines(
     recording: &Recording,
     c: &CacheLineRecording,
+    regs: &[profiler_ebpf::UserRegs],
     slot: &Slot,
     agg: &Aggregator,
     windows: &mut crate::pipeline::LeaderWindows,
 ) -> Vec<Finding> {
-    let regs: Vec<profiler_ebpf::UserRegs> = c
-        .sampled
-        .iter()
-        .map(|&(ts_ns, tid)| {
-            // SAFETY: UserRegs is plain old data; all zeroes is a valid value.
-            let mut r: profiler_ebpf::UserRegs = unsafe { std::mem::zeroed() };
-            r.ts_ns = ts_ns;
-            r.tid = tid;
-            r
-        })
-        .collect();
     let mut out = Vec::new();
-    for (last, samples) in windows.add(std::slice::from_ref(slot), &regs) {
+    for (last, samples) in windows.add(std::slice::from_ref(slot), regs) {
         let keys: std::collections::HashSet<(u64, u32)> = samples.iter().map(|r| (r.ts_ns, r.tid)).collect();
         let accesses: Vec<MemoryAccess> = c
             .accesses
@@ -294,6 +311,21 @@ fn always_on_cache_lines(
         }));
     }
     out
+}
+
+/// The recorded samples as what `LeaderWindows` gathers (their time and
+/// thread; the registers were decoded live, into the accesses).
+fn sampled_regs(c: &CacheLineRecording) -> Vec<profiler_ebpf::UserRegs> {
+    c.sampled
+        .iter()
+        .map(|&(ts_ns, tid)| {
+            // SAFETY: UserRegs is plain old data; all zeroes is a valid value.
+            let mut r: profiler_ebpf::UserRegs = unsafe { std::mem::zeroed() };
+            r.ts_ns = ts_ns;
+            r.tid = tid;
+            r
+        })
+        .collect()
 }
 
 /// The file of a host recording (gzip of JSON).
@@ -319,26 +351,12 @@ pub struct HostRecording {
 
 /// Writes a host recording into `dir` (created if needed).
 pub fn write_host(dir: &Path, recording: &HostRecording) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("--save-replay: cannot create {}", dir.display()))?;
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(&serde_json::to_vec(recording)?)?;
-    crate::output::write_atomic(&dir.join(HOST_RECORDING), &gz.finish()?)?;
-    Ok(())
+    write_gz(dir, HOST_RECORDING, &serde_json::to_vec(recording)?)
 }
 
 /// Reads a host recording.
 pub fn read_host(dir: &Path) -> anyhow::Result<HostRecording> {
-    let text = gunzip(&dir.join(HOST_RECORDING), 256 << 20)?;
-    let recording: HostRecording = serde_json::from_slice(&text)
-        .with_context(|| format!("{} is not a host recording", dir.display()))?;
-    anyhow::ensure!(
-        recording.version == VERSION,
-        "{}: recording version {} (this slotprof reads {VERSION}): record it again",
-        dir.display(),
-        recording.version
-    );
-    Ok(recording)
+    read_description(dir, HOST_RECORDING, |r: &HostRecording| r.version)
 }
 
 /// What `slotprof host` makes of the recording: the samples counted as the
