@@ -173,6 +173,39 @@ fn sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right() {
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
 
+/// The slow iteration stall-gaps logged (`slow`: ones it did not inject
+/// into, with what the kernel counted over each) that the finding `f`
+/// overlaps, 1 ms either side for the two clocks' readings, when the
+/// program's own count shows `f`'s cause as at least 40% of it: a gap the
+/// machine made (a wait for a CPU, an overslept sleep). In a TCG test VM
+/// (`emulated`) the host also takes the vCPU away mid-iteration, which the
+/// guest counts as the loop's own on-CPU time (steal, invisible to it):
+/// there, and only there, an on-CPU gap of a slow iteration is that.
+fn machine_gap<'a>(
+    f: &serde_json::Value,
+    slow: &'a [serde_json::Value],
+    emulated: bool,
+) -> Option<&'a serde_json::Value> {
+    let s = f["start_ns"].as_u64().unwrap();
+    let e = s + f["duration_ns"].as_u64().unwrap();
+    let g = slow.iter().find(|g| {
+        let (a, b) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
+        a < e + 1_000_000 && s < b + 1_000_000
+    })?;
+    let wall = g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap();
+    let cpu = g["cpu_ns"].as_u64().unwrap();
+    let delay = g["run_delay_ns"].as_u64().unwrap();
+    let blocked = wall.saturating_sub(cpu + delay);
+    let part = match f["cause"].as_str() {
+        Some("waiting for a CPU") => delay,
+        Some("sleep") => blocked,
+        Some("on-CPU") if emulated => return Some(g),
+        Some("on-CPU") => cpu,
+        _ => 0,
+    };
+    (part * 10 >= wall * 4).then_some(g)
+}
+
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
@@ -289,7 +322,24 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
             a < e + 1_000_000 && s < b + 1_000_000
         })
     };
-    let stray: Vec<&serde_json::Value> = gaps.iter().filter(|f| !injected_at(f)).collect();
+    // A gap the machine made (the program logged the iteration as slow,
+    // and its own count shows the finding's cause) is real, not a false
+    // one: in a TCG test VM a few come in every run.
+    let machine_slow = truth["slow"].as_array().unwrap();
+    let stray: Vec<&serde_json::Value> = gaps
+        .iter()
+        .filter(|f| !injected_at(f))
+        .filter(|f| match machine_gap(f, machine_slow, scale > 1) {
+            Some(g) => {
+                eprintln!(
+                    "a gap of the machine's: {} (the program's count: {g})",
+                    f["explanation"]
+                );
+                false
+            }
+            None => true,
+        })
+        .collect();
     assert!(!gaps.is_empty(), "no MainLoopGap finding at all");
     assert!(
         (gaps.len() - stray.len()) as f64 >= 0.95 * gaps.len() as f64,
@@ -339,37 +389,8 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
                 .any(|n| stack.contains(n))
     };
     let slow = smooth_truth["slow"].as_array().unwrap();
-    // The slow iteration a finding overlaps, 1 ms either side for the two
-    // clocks' readings.
-    let iteration_of = |f: &serde_json::Value| {
-        let s = f["start_ns"].as_u64().unwrap();
-        let e = s + f["duration_ns"].as_u64().unwrap();
-        slow.iter().find(|g| {
-            let (a, b) = (g["start_ns"].as_u64().unwrap(), g["end_ns"].as_u64().unwrap());
-            a < e + 1_000_000 && s < b + 1_000_000
-        })
-    };
-    // In a TCG test VM the host also takes the vCPU away mid-iteration,
-    // which the guest counts as the loop's own on-CPU time (steal,
-    // invisible to it): there, and only there, an on-CPU gap of a slow
-    // iteration is that.
-    let emulated = scale > 1;
-    let program_counted = |f: &serde_json::Value, g: &serde_json::Value| {
-        let wall = g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap();
-        let cpu = g["cpu_ns"].as_u64().unwrap();
-        let delay = g["run_delay_ns"].as_u64().unwrap();
-        let blocked = wall.saturating_sub(cpu + delay);
-        let part = match f["cause"].as_str() {
-            Some("waiting for a CPU") => delay,
-            Some("sleep") => blocked,
-            Some("on-CPU") if emulated => return true,
-            Some("on-CPU") => cpu,
-            _ => 0,
-        };
-        part * 10 >= wall * 4
-    };
-    let allowed =
-        |f: &serde_json::Value| !invented_kind(f) && iteration_of(f).is_some_and(|g| program_counted(f, g));
+    let iteration_of = |f: &serde_json::Value| machine_gap(f, slow, scale > 1);
+    let allowed = |f: &serde_json::Value| !invented_kind(f) && iteration_of(f).is_some();
     let (noise, invented): (Vec<_>, Vec<_>) = smooth.iter().partition(|f| allowed(f));
     for f in &noise {
         eprintln!(
