@@ -483,6 +483,24 @@ pub struct OffCpuInterval {
     /// When it was woken (0 if not seen): from here to `end_ns` it was
     /// runnable, waiting for a CPU.
     pub woken_ns: u64,
+    /// The task that had the CPU while this thread waited for it: the one
+    /// that preempted it, or the one its wakeup interrupted on the CPU it
+    /// then ran on, else the one it took the CPU back from (bcc's
+    /// runqslower's `prev`); tid 0 is the idle task (the CPU was idle).
+    pub ran_tid: u32,
+    pub ran_tgid: u32,
+    /// [`ran_flags`] of that task.
+    pub ran_flags: u32,
+    pub _pad: u32,
+    pub ran_comm: [u8; COMM_LEN],
+}
+
+/// Bits of [`OffCpuInterval::ran_flags`].
+pub mod ran_flags {
+    /// A kernel thread (`PF_KTHREAD`): kcompactd, ksoftirqd, a kworker.
+    pub const KTHREAD: u32 = 1;
+    /// The kernel's `PF_KTHREAD` bit of `task_struct::flags`.
+    pub const PF_KTHREAD: u32 = 0x0020_0000;
 }
 
 /// Per-thread state of a thread of the target, about its off-CPU
@@ -536,7 +554,21 @@ pub struct OffCpuStart {
     pub copy_sp: u64,
     pub copy_bp: u64,
     pub copy_ns: u64,
+    /// Who had the CPU while the thread waited for it, when seen before
+    /// its switch-in: the task that preempted it (`next` at its
+    /// switch-out), or the task its wakeup from an interrupt interrupted.
+    /// Used only if the thread comes back on `seen_cpu` (the CPU it was
+    /// seen on; [`NO_CPU`]: nothing seen); else the task it takes the CPU
+    /// back from is the one named.
+    pub seen_tid: u32,
+    pub seen_tgid: u32,
+    pub seen_flags: u32,
+    pub seen_cpu: u32,
+    pub seen_comm: [u8; COMM_LEN],
 }
+
+/// [`OffCpuStart::seen_cpu`] when no runner was seen.
+pub const NO_CPU: u32 = u32::MAX;
 
 /// A thread of the target has its stack copied as a futex waker at most
 /// once in this long. LockContention names the holder from its wakers'
@@ -584,6 +616,11 @@ impl OffCpuStart {
         copy_sp: 0,
         copy_bp: 0,
         copy_ns: 0,
+        seen_tid: 0,
+        seen_tgid: 0,
+        seen_flags: 0,
+        seen_cpu: NO_CPU,
+        seen_comm: [0; COMM_LEN],
     };
 
     /// Every stack id this entry refers to (its own and its waker's).
@@ -652,6 +689,11 @@ pub struct TracepointOffsets {
     pub task_comm: u32,
     /// `reason` of tlb:tlb_flush.
     pub tlb_reason: u32,
+    /// Where `flags` (`PF_*`) is in `struct task_struct`.
+    pub task_flags: u32,
+    /// Where `tgid` is in `struct task_struct`.
+    pub task_tgid: u32,
+    pub _pad: u32,
 }
 
 /// Indices into the per-CPU `COUNTERS` array.

@@ -230,6 +230,10 @@ pub struct DetectorArgs {
     /// mutex and Bank RwLocks; 10 ms is 2.5% of a 400 ms slot.
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub lock_threshold: Duration,
+    /// Time a hot thread spent runnable but without a CPU, per slot, that
+    /// makes a CpuContention (waits of at least --min-offcpu are seen).
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub cpu_wait_threshold: Duration,
 }
 
 impl ProfileArgs {
@@ -257,6 +261,7 @@ impl DetectorArgs {
             hot_threads: self.hot_thread.clone(),
             purge_threshold_ns: self.purge_threshold.as_nanos() as u64,
             lock_threshold_ns: self.lock_threshold.as_nanos() as u64,
+            cpu_wait_threshold_ns: self.cpu_wait_threshold.as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / freq_hz.max(1),
             topology: self.topology.clone(),
             pingpong_threshold: self.pingpong_threshold,

@@ -103,6 +103,7 @@ struct DetectorsSection {
     hot_threads: Vec<String>,
     purge_threshold: String,
     lock_threshold: String,
+    cpu_wait_threshold: String,
     pingpong_threshold: f64,
 }
 
@@ -115,6 +116,7 @@ impl Default for DetectorsSection {
             hot_threads: Vec::new(),
             purge_threshold: "1ms".into(),
             lock_threshold: "10ms".into(),
+            cpu_wait_threshold: "5ms".into(),
             pingpong_threshold: 0.05,
         }
     }
@@ -275,6 +277,8 @@ impl Config {
                 as u64,
             lock_threshold_ns: dur("detectors.lock_threshold", &f.detectors.lock_threshold)?.as_nanos()
                 as u64,
+            cpu_wait_threshold_ns: dur("detectors.cpu_wait_threshold", &f.detectors.cpu_wait_threshold)?
+                .as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
             topology: None,
             pingpong_threshold: f.detectors.pingpong_threshold,

@@ -26,6 +26,45 @@ pub struct Interval {
     /// When a blocked thread was woken (0: not seen); it waited for a CPU
     /// from then to `end_ns`.
     pub woken_ns: u64,
+    /// The task that had the CPU until the thread got it back.
+    pub ran: Runner,
+}
+
+impl Interval {
+    /// How long it was runnable but not running: all of it when it was
+    /// preempted, from its wakeup on when it blocked (0 if the wakeup was
+    /// not seen).
+    pub fn runnable_ns(&self) -> u64 {
+        if self.preempted {
+            self.end_ns.saturating_sub(self.start_ns)
+        } else if self.woken_ns != 0 {
+            self.end_ns.saturating_sub(self.woken_ns.max(self.start_ns))
+        } else {
+            0
+        }
+    }
+}
+
+/// The task that ran on a CPU until a waiting thread got it back.
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub struct Runner {
+    /// 0: the idle task (the CPU was idle), or not known.
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: [u8; COMM_LEN],
+    /// A kernel thread (kcompactd, ksoftirqd, a kworker).
+    pub kthread: bool,
+}
+
+impl Runner {
+    pub fn of(o: &profiler_ebpf::OffCpuInterval) -> Self {
+        Self {
+            tid: o.ran_tid,
+            tgid: o.ran_tgid,
+            comm: o.ran_comm,
+            kthread: o.ran_flags & profiler_ebpf::ran_flags::KTHREAD != 0,
+        }
+    }
 }
 
 /// The kernel part of an off-CPU stack that began in an interruptible

@@ -80,6 +80,16 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The calling thread's time spent runnable, waiting for a CPU (ns): the
+/// second field of `/proc/thread-self/schedstat` (0 where the kernel has
+/// no CONFIG_SCHED_INFO): the kernel's own count, runqlat's measure.
+pub fn run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
 pub fn mem_available_bytes() -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();

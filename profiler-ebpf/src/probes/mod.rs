@@ -33,6 +33,9 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     task_pid: 0,
     task_comm: 0,
     tlb_reason: 8,
+    task_flags: 0,
+    task_tgid: 0,
+    _pad: 0,
 };
 /// Futex waits shorter than this are only counted per address.
 #[no_mangle]

@@ -8,16 +8,17 @@ use aya_ebpf::{
     bindings::task_struct,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, generated::bpf_get_task_stack,
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task, bpf_get_task_stack},
     },
     macros::{btf_tracepoint, map},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
 };
 use profiler_ebpf::{
-    counter, is_wait_syscall, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
+    counter, is_wait_syscall, ran_flags, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
     KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
-    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
+    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH, NO_CPU,
     TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
     USER_STACK_WAKER_SAMPLED_OUT, WAKER_COPY_EVERY_NS,
 };
@@ -53,13 +54,13 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     // The clock is read only for a switch of the target's threads: every
     // other switch on the machine stops at the two filters.
     let mut now = 0;
+    let next: *mut task_struct = ctx.arg(2);
     if is_target(tgid) {
         now = unsafe { bpf_ktime_get_ns() };
-        switch_out(&ctx, pid_tgid as u32, tgid, now);
+        switch_out(&ctx, pid_tgid as u32, tgid, now, next);
     }
 
     // Switch-in: only threads we saw leave have an interval open.
-    let next: *mut task_struct = ctx.arg(2);
     let next_pid = task_pid(next);
     if next_pid <= 0 {
         return 0;
@@ -95,7 +96,8 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
-    switch_in_reported(next, p, tid, &start, now);
+    let prev: *mut task_struct = ctx.arg(1);
+    switch_in_reported(next, prev, p, tid, &start, now);
     0
 }
 
@@ -103,7 +105,7 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
 /// and how. `prev_state` 0 (runnable: preempted, or yielded) is reported
 /// as state 0; blocked states as the kernel's `prev_state`.
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
+fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64, next: *mut task_struct) {
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
@@ -133,11 +135,14 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
             None => user_stack_id = -14,
         }
     }
+    // Preempted: the task that takes its CPU now.
+    let seen = if state == 0 { Seen::task(next) } else { Seen::NONE };
     match OFFCPU_START.get_ptr_mut(&tid) {
         // The thread's entry from its earlier intervals: rewritten in
         // place, field by field (its deferred stack and last waker stay
         // for the system call exit that reads them).
         Some(p) => unsafe {
+            seen.store(p);
             (*p).user_ip = user_ip;
             (*p).user_sp = user_sp;
             (*p).user_bp = user_bp;
@@ -163,6 +168,11 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
                 kernel_stack_id,
                 state,
                 tgid,
+                seen_tid: seen.tid,
+                seen_tgid: seen.tgid,
+                seen_flags: seen.flags,
+                seen_cpu: seen.cpu,
+                seen_comm: seen.comm,
                 ..OffCpuStart::IDLE
             };
             hint_target_tid(tid);
@@ -177,7 +187,14 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
 /// taken from the sleeping task `next` (not running yet), then the
 /// interval goes out.
 #[inline(always)]
-fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, start: &OffCpuStart, now: u64) {
+fn switch_in_reported(
+    next: *mut task_struct,
+    prev: *mut task_struct,
+    p: *mut OffCpuStart,
+    tid: u32,
+    start: &OffCpuStart,
+    now: u64,
+) {
     let mut user_stack_id = start.user_stack_id;
     let mut kernel_stack_id = start.kernel_stack_id;
     // A blocked thread's registers, read once: its stack pointer for the
@@ -226,9 +243,23 @@ fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, sta
         bpf_probe_read_kernel((next as *const u8).add(off.task_comm as usize) as *const [u8; COMM_LEN])
     }
     .unwrap_or([0; COMM_LEN]);
+    // Who had the CPU: the task seen taking it (if on this CPU), else the
+    // one it is taken back from (`current` is still the previous task).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let ran = if start.seen_cpu == cpu {
+        Seen {
+            tid: start.seen_tid,
+            tgid: start.seen_tgid,
+            flags: start.seen_flags,
+            cpu,
+            comm: start.seen_comm,
+        }
+    } else {
+        Seen::task(prev)
+    };
     entry.write(OffCpuInterval {
         kind: EventKind::OffCpu as u32,
-        cpu: unsafe { bpf_get_smp_processor_id() },
+        cpu,
         start_ns: start.start_ns,
         end_ns: now,
         tgid: start.tgid,
@@ -242,6 +273,11 @@ fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, sta
         comm,
         waker_comm: start.waker_comm,
         woken_ns: start.woken_ns,
+        ran_tid: ran.tid,
+        ran_tgid: ran.tgid,
+        ran_flags: ran.flags,
+        _pad: 0,
+        ran_comm: ran.comm,
     });
     entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
@@ -285,6 +321,64 @@ fn send_kernel_stack(task: *mut task_struct, tid: u32, start_ns: u64) -> i32 {
 /// Where a kernel stack record is built (1 KiB: too big for the BPF stack).
 #[map]
 static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStackRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// A task seen having a CPU a thread of the target waits for.
+struct Seen {
+    tid: u32,
+    tgid: u32,
+    flags: u32,
+    cpu: u32,
+    comm: [u8; COMM_LEN],
+}
+
+impl Seen {
+    const NONE: Seen = Seen {
+        tid: 0,
+        tgid: 0,
+        flags: 0,
+        cpu: NO_CPU,
+        comm: [0; COMM_LEN],
+    };
+
+    /// `task`, on this CPU.
+    #[inline(always)]
+    fn task(task: *const task_struct) -> Seen {
+        let off = offsets();
+        let at = |o: u32| unsafe { (task as *const u8).add(o as usize) };
+        let read_u32 = |o: u32| unsafe { bpf_probe_read_kernel(at(o) as *const u32) }.unwrap_or(0);
+        let flags = if read_u32(off.task_flags) & ran_flags::PF_KTHREAD != 0 {
+            ran_flags::KTHREAD
+        } else {
+            0
+        };
+        Seen {
+            tid: read_u32(off.task_pid),
+            tgid: read_u32(off.task_tgid),
+            flags,
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            comm: unsafe { bpf_probe_read_kernel(at(off.task_comm) as *const [u8; COMM_LEN]) }
+                .unwrap_or([0; COMM_LEN]),
+        }
+    }
+
+    /// Into a thread's entry.
+    #[inline(always)]
+    unsafe fn store(&self, p: *mut OffCpuStart) {
+        (*p).seen_tid = self.tid;
+        (*p).seen_tgid = self.tgid;
+        (*p).seen_flags = self.flags;
+        (*p).seen_cpu = self.cpu;
+        (*p).seen_comm = self.comm;
+    }
+}
+
+/// Whether this CPU is in an interrupt (hard, soft or an hrtimer) now.
+#[inline(always)]
+fn in_interrupt() -> bool {
+    IRQ_NESTING
+        .get_ptr(0)
+        .is_some_and(|n| unsafe { (*n).hrtimer > 0 || (*n).hardirq > 0 || (*n).softirq > 0 })
+}
 
 /// `task->pid`, by a direct load the verifier checks against the kernel's
 /// BTF (the offset is a constant of the read-only data, set from that BTF
@@ -353,6 +447,15 @@ pub fn slotprof_waking(ctx: BtfTracePointContext) -> u32 {
     } else {
         (waker::NOT_TAKEN, -1)
     };
+    // A wakeup from an interrupt: the interrupted task has the CPU (the
+    // woken thread's, if it runs there; the switch-in checks).
+    if in_interrupt() {
+        let current = unsafe { bpf_get_current_task() } as *const task_struct;
+        let seen = Seen::task(current);
+        if seen.tid != 0 {
+            unsafe { seen.store(start) };
+        }
+    }
     unsafe {
         (*start).woken_ns = now;
         (*start).waker_context = waker_context;

@@ -148,6 +148,7 @@ pub fn detect(
             cause: Some(distance.label().to_string()),
             stack: sites.into_iter().map(|(_, s)| s).collect(),
             waker_stack: Vec::new(),
+            ran_instead: Vec::new(),
             explanation: format!(
                 "cache line {line:#x} ({data}) bounces {} between CPUs {} (CCX {}): {}; {:.1}% of these threads' \
                  samples are on it (found from decoded samples: the VM path)",

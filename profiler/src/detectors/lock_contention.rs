@@ -166,6 +166,7 @@ pub fn detect(
             cause: None,
             stack,
             waker_stack,
+            ran_instead: Vec::new(),
             explanation: format!(
                 "{} waited {:.1} ms in {} waits on the futex at {uaddr:#x}{}",
                 waiter_names.join(", "),

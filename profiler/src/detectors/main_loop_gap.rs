@@ -189,6 +189,7 @@ pub fn detect(
             cause: Some(cause.to_string()),
             stack,
             waker_stack: Vec::new(),
+            ran_instead: Vec::new(),
             explanation: format!(
                 "a main-loop iteration took {:.1} ms (threshold {:.0} ms), mostly {cause} ({:.1} ms){}",
                 ms(gap),
@@ -360,6 +361,7 @@ mod tests {
                 key: key(7, "main-loop", 1, 101),
                 preempted: false,
                 woken_ns: 0,
+                ran: Default::default(),
             },
             Interval {
                 start_ns: 41 * MS,
@@ -367,6 +369,7 @@ mod tests {
                 key: key(7, "main-loop", 2, 102),
                 preempted: false,
                 woken_ns: 0,
+                ran: Default::default(),
             },
         ];
         let samples: Vec<_> = (0..20)
@@ -447,6 +450,7 @@ mod tests {
             key: key(7, "main-loop", 2, 102),
             preempted: false,
             woken_ns: MS + MS / 2,
+            ran: Default::default(),
         }];
         let inp = inputs(&[], &intervals, &[], &marks, &names);
         let mut n = namer(HashMap::from([(102, vec!["do_nanosleep", "schedule"])]));
@@ -465,6 +469,7 @@ mod tests {
                 key: key(7, "main-loop", 2, 102),
                 preempted: false,
                 woken_ns: 0,
+                ran: Default::default(),
             },
             Interval {
                 start_ns: 10 * MS,
@@ -472,6 +477,7 @@ mod tests {
                 key: key(7, "main-loop", 2, 102),
                 preempted: true,
                 woken_ns: 0,
+                ran: Default::default(),
             },
         ];
         let inp = inputs(&[], &intervals, &[], &[], &names);
@@ -555,6 +561,7 @@ mod tests {
             key: key(tid, "main-loop", user, kernel),
             preempted: false,
             woken_ns: 0,
+            ran: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@
 //! (`host`).
 
 pub mod cache_line_ping_pong;
+pub mod cpu_contention;
 pub mod kvm_mmu_invalidation;
 pub mod lock_contention;
 pub mod main_loop_gap;
@@ -34,6 +35,8 @@ pub enum FindingKind {
     /// A cache line written by one thread and touched from another CPU
     /// ([`cache_line_ping_pong`]).
     CacheLinePingPong,
+    /// A hot thread runnable but without a CPU ([`cpu_contention`]).
+    CpuContention,
     /// The host invalidated a VM's KVM mappings (`slotprof host`).
     KvmMmuInvalidation,
     /// A wait on a futex another thread held ([`lock_contention`]).
@@ -46,8 +49,9 @@ pub enum FindingKind {
 
 impl FindingKind {
     /// Every kind, in order.
-    pub const ALL: [FindingKind; 5] = [
+    pub const ALL: [FindingKind; 6] = [
         FindingKind::CacheLinePingPong,
+        FindingKind::CpuContention,
         FindingKind::KvmMmuInvalidation,
         FindingKind::LockContention,
         FindingKind::MainLoopGap,
@@ -57,6 +61,7 @@ impl FindingKind {
     pub fn as_str(self) -> &'static str {
         match self {
             FindingKind::CacheLinePingPong => "CacheLinePingPong",
+            FindingKind::CpuContention => "CpuContention",
             FindingKind::KvmMmuInvalidation => "KvmMmuInvalidation",
             FindingKind::LockContention => "LockContention",
             FindingKind::MainLoopGap => "MainLoopGap",
@@ -92,6 +97,9 @@ pub struct Finding {
     /// For waits: the stack of the thread that ended them, when known.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waker_stack: Vec<String>,
+    /// For CPU waits: the tasks that had the CPU, longest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ran_instead: Vec<cpu_contention::RanInstead>,
     /// One line: what happened.
     pub explanation: String,
     /// What to do about it.
@@ -131,6 +139,9 @@ pub struct DetectorConfig {
     pub purge_threshold_ns: u64,
     /// Futex wait per address per slot that makes a contention finding.
     pub lock_threshold_ns: u64,
+    /// Runnable-but-waiting time per hot thread per slot that makes a
+    /// CpuContention.
+    pub cpu_wait_threshold_ns: u64,
     /// On-CPU sampling period.
     pub sample_period_ns: u64,
     /// `--topology`: CCXs from a file instead of sysfs.
@@ -147,6 +158,7 @@ impl Default for DetectorConfig {
             hot_threads: Vec::new(),
             purge_threshold_ns: 1_000_000,
             lock_threshold_ns: 10_000_000,
+            cpu_wait_threshold_ns: 5_000_000,
             sample_period_ns: 1_000_000_000 / 99,
             topology: None,
             pingpong_threshold: 0.05,
@@ -249,10 +261,11 @@ pub type Detect = fn(&Inputs, &DetectorConfig, &Buckets, &mut NameStack) -> Vec<
 /// memory accesses ([`cache_line_ping_pong::detect`], through
 /// `pipeline::cache_lines`), [`FindingKind::KvmMmuInvalidation`] the host's
 /// per-second counts ([`kvm_mmu_invalidation::detect`], run by `host`).
-pub const EVENT_DETECTORS: [(FindingKind, Detect); 3] = [
+pub const EVENT_DETECTORS: [(FindingKind, Detect); 4] = [
     (FindingKind::MainLoopGap, main_loop_gap::detect),
     (FindingKind::SyncAllocatorPurge, sync_allocator_purge::detect),
     (FindingKind::LockContention, lock_contention::detect),
+    (FindingKind::CpuContention, cpu_contention::detect),
 ];
 
 /// Overlap of `[a0, a1)` and `[b0, b1)` in ns.

@@ -130,6 +130,7 @@ pub fn detect(
             cause: None,
             stack,
             waker_stack: Vec::new(),
+            ran_instead: Vec::new(),
             explanation: format!(
                 "{thread} spent {:.1} ms in {} madvise(DONTNEED/FREE) calls returning {:.1} MiB to the kernel, \
                  with {} TLB flushes and {} shootdown IPIs{}",

@@ -817,6 +817,7 @@ mod ledger_tests {
                     cause: None,
                     stack: vec![],
                     waker_stack: vec![],
+                    ran_instead: Vec::new(),
                     explanation: String::new(),
                     advice: String::new(),
                 }]

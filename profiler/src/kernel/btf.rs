@@ -110,15 +110,15 @@ pub fn member_offsets(data: &[u8], name: &str, members: &[&str]) -> anyhow::Resu
     bail!("no struct {name} in this kernel's BTF")
 }
 
-/// Where `pid` and `comm` are in this kernel's `task_struct`.
-pub fn task_offsets() -> anyhow::Result<(u32, u32)> {
+/// Where `pid`, `comm`, `flags` and `tgid` are in this kernel's `task_struct`.
+pub fn task_offsets() -> anyhow::Result<[u32; 4]> {
     let path = "/sys/kernel/btf/vmlinux";
     let data = std::fs::read(path).with_context(|| {
         format!("cannot read {path}: slotprof needs a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y)")
     })?;
-    let o =
-        member_offsets(&data, "task_struct", &["pid", "comm"]).with_context(|| format!("reading {path}"))?;
-    Ok((o[0], o[1]))
+    let o = member_offsets(&data, "task_struct", &["pid", "comm", "flags", "tgid"])
+        .with_context(|| format!("reading {path}"))?;
+    Ok([o[0], o[1], o[2], o[3]])
 }
 
 #[cfg(test)]

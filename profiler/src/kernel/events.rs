@@ -132,7 +132,7 @@ mod tests {
     fn replayed_records_have_no_padding_and_round_trip() {
         use std::mem::size_of;
         assert_eq!(size_of::<CpuSample>(), 4 + 4 + 8 + 4 + 4 + 4 + 4 + 16);
-        assert_eq!(size_of::<OffCpuInterval>(), 96);
+        assert_eq!(size_of::<OffCpuInterval>(), 128);
         assert_eq!(size_of::<SlotMark>(), 32);
         assert_eq!(size_of::<MadviseCall>(), 80);
         assert_eq!(size_of::<FutexWait>(), 112);

@@ -483,10 +483,13 @@ fn open(
 /// call and wakeup probes are BTF tracepoints: their arguments are the
 /// kernel's own, checked by the verifier.)
 fn tracepoint_offsets(tracefs: &std::path::Path) -> anyhow::Result<TracepointOffsets> {
-    let (task_pid, task_comm) = crate::kernel::btf::task_offsets()?;
+    let [task_pid, task_comm, task_flags, task_tgid] = crate::kernel::btf::task_offsets()?;
     Ok(TracepointOffsets {
         task_pid,
         task_comm,
+        task_flags,
+        task_tgid,
+        _pad: 0,
         // A kernel without the TLB tracepoint gets its probe reported as
         // not attached, not a failure.
         tlb_reason: opt_field(tracefs, "tlb", "tlb_flush", "reason", 4, 8),

@@ -832,6 +832,11 @@ mod tests {
             comm: [0; COMM_LEN],
             waker_comm: [0; COMM_LEN],
             woken_ns: 0,
+            ran_tid: 0,
+            ran_tgid: 0,
+            ran_flags: 0,
+            _pad: 0,
+            ran_comm: [0; COMM_LEN],
         })
     }
 

@@ -202,6 +202,7 @@ impl Aggregator {
             key,
             preempted,
             woken_ns: o.woken_ns,
+            ran: crate::records::Runner::of(o),
         });
         self.offcpu_intervals += 1;
         self.offcpu_ns += ns;
@@ -233,6 +234,11 @@ impl Aggregator {
             comm: c,
             waker_comm: [0; COMM_LEN],
             woken_ns: 0,
+            ran_tid: 0,
+            ran_tgid: 0,
+            ran_flags: 0,
+            _pad: 0,
+            ran_comm: [0; COMM_LEN],
         };
         if let Some(r) = &mut self.recording {
             let _ = crate::kernel::events::write_raw(r, &Event::OffCpu(interval).to_bytes());
@@ -623,6 +629,11 @@ pub(crate) mod tests {
             comm: comm("sleeper"),
             waker_comm: comm("waker"),
             woken_ns: 0,
+            ran_tid: 0,
+            ran_tgid: 0,
+            ran_flags: 0,
+            _pad: 0,
+            ran_comm: [0; COMM_LEN],
         }
     }
 

@@ -18,7 +18,7 @@ use std::{
     path::Path,
 };
 
-use crate::records::{Interval, StackKey};
+use crate::records::{Interval, Runner, StackKey};
 
 /// Intervals kept in memory before they go to the file (2 MiB).
 pub const IN_MEMORY: usize = 65_536;
@@ -33,6 +33,8 @@ struct Packed {
     woken_ns: u64,
     key: u32,
     preempted: bool,
+    /// Index of the task that had the CPU in `IntervalStore::runners`.
+    ran: u16,
 }
 
 impl Packed {
@@ -41,7 +43,8 @@ impl Packed {
         out.extend_from_slice(&self.end_ns.to_le_bytes());
         out.extend_from_slice(&self.woken_ns.to_le_bytes());
         out.extend_from_slice(&self.key.to_le_bytes());
-        out.extend_from_slice(&[self.preempted as u8, 0, 0, 0]);
+        out.extend_from_slice(&[self.preempted as u8, 0]);
+        out.extend_from_slice(&self.ran.to_le_bytes());
     }
 
     fn decode(b: &[u8]) -> Self {
@@ -52,6 +55,7 @@ impl Packed {
             woken_ns: u64_at(16),
             key: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
             preempted: b[28] != 0,
+            ran: u16::from_le_bytes([b[30], b[31]]),
         }
     }
 }
@@ -61,6 +65,12 @@ impl Packed {
 pub struct IntervalStore {
     keys: Vec<StackKey>,
     index: HashMap<StackKey, u32>,
+    /// The tasks that had the CPU at intervals' ends, interned like the
+    /// keys; entry 0 is "not known", which is also where any past the
+    /// 65,536th go (counted).
+    runners: Vec<Runner>,
+    runner_index: HashMap<Runner, u16>,
+    runners_over: u64,
     /// The newest intervals, not yet in the file.
     tail: Vec<Packed>,
     file: Option<File>,
@@ -76,18 +86,42 @@ impl IntervalStore {
         Self::default()
     }
 
+    fn runner(&mut self, r: &Runner) -> u16 {
+        if self.runners.is_empty() {
+            self.runners.push(Runner::default());
+            self.runner_index.insert(Runner::default(), 0);
+        }
+        if let Some(&i) = self.runner_index.get(r) {
+            return i;
+        }
+        let Ok(i) = u16::try_from(self.runners.len()) else {
+            self.runners_over += 1;
+            return 0;
+        };
+        self.runners.push(*r);
+        self.runner_index.insert(*r, i);
+        i
+    }
+
+    /// Intervals whose runner was not kept (more than 65,536 distinct).
+    pub fn runners_over(&self) -> u64 {
+        self.runners_over
+    }
+
     pub fn push(&mut self, i: &Interval) {
         let next = self.keys.len() as u32;
         let key = *self.index.entry(i.key).or_insert_with(|| {
             self.keys.push(i.key);
             next
         });
+        let ran = self.runner(&i.ran);
         self.tail.push(Packed {
             start_ns: i.start_ns,
             end_ns: i.end_ns,
             woken_ns: i.woken_ns,
             key,
             preempted: i.preempted,
+            ran,
         });
         if self.tail.len() >= IN_MEMORY && self.file_error.is_none() {
             if let Err(e) = self.spill() {
@@ -144,6 +178,7 @@ impl IntervalStore {
                 key: self.keys[p.key as usize],
                 preempted: p.preempted,
                 woken_ns: p.woken_ns,
+                ran: self.runners.get(p.ran as usize).copied().unwrap_or_default(),
             })
         };
         if let Some(file) = &self.file {
@@ -235,6 +270,12 @@ mod tests {
             },
             preempted: n.is_multiple_of(2),
             woken_ns: n * 10 + 3,
+            ran: Runner {
+                tid: (n % 7) as u32,
+                tgid: 3,
+                comm: [b'r'; profiler_ebpf::COMM_LEN],
+                kthread: n % 7 == 2,
+            },
         }
     }
 
@@ -245,8 +286,8 @@ mod tests {
     }
 
     fn same(a: &Interval, b: &Interval) -> bool {
-        (a.start_ns, a.end_ns, a.key, a.preempted, a.woken_ns)
-            == (b.start_ns, b.end_ns, b.key, b.preempted, b.woken_ns)
+        (a.start_ns, a.end_ns, a.key, a.preempted, a.woken_ns, a.ran)
+            == (b.start_ns, b.end_ns, b.key, b.preempted, b.woken_ns, b.ran)
     }
 
     #[test]

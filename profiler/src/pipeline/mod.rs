@@ -89,17 +89,15 @@ pub fn inputs<'a>(
     }
 }
 
-/// The off-CPU intervals the detectors read: the loop thread's (the gap
-/// detector's; the others read no intervals).
+/// The off-CPU intervals the detectors read: the hot threads' (the loop
+/// thread's for the gap detector, all of theirs for CPU contention; the
+/// others read no intervals).
 pub fn detector_intervals(
     agg: &Aggregator,
     config: &DetectorConfig,
     thread_names: &HashMap<u32, String>,
 ) -> std::io::Result<Vec<Interval>> {
-    let tids: Vec<u32> = inputs(agg, 0, &[], thread_names, &[])
-        .loop_tid(config)
-        .into_iter()
-        .collect();
+    let tids: Vec<u32> = inputs(agg, 0, &[], thread_names, &[]).hot_tids(config);
     if tids.is_empty() {
         return Ok(Vec::new());
     }

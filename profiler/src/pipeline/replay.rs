@@ -98,7 +98,7 @@ pub struct NamedStack {
 }
 
 /// The version [`write`] writes and [`read`] accepts.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Writes a recording into `dir` (created if needed).
 pub fn write(dir: &Path, recording: &Recording, events: &[u8]) -> anyhow::Result<()> {

@@ -35,7 +35,7 @@ use std::{
     time::Duration,
 };
 
-use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+use slotprof_tests::{monotonic_ns, name_thread, run_delay_ns, write_report, Flags};
 
 /// The calling thread's CPU time (ns) and voluntary context switches.
 fn thread_usage() -> (u64, u64) {
@@ -43,16 +43,6 @@ fn thread_usage() -> (u64, u64) {
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
     let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
     (ns(u.ru_utime) + ns(u.ru_stime), u.ru_nvcsw as u64)
-}
-
-/// The calling thread's time spent runnable, waiting for a CPU (ns): the
-/// second field of `/proc/thread-self/schedstat` (0 where the kernel has
-/// no CONFIG_SCHED_INFO).
-fn run_delay_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }
 
 #[path = "../stall_loop.rs"]

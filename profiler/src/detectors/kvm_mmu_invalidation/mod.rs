@@ -366,6 +366,7 @@ pub fn detect(
                 cause: Some(top.label().to_string()),
                 stack: top_part.stack.clone(),
                 waker_stack: Vec::new(),
+                ran_instead: Vec::new(),
                 explanation,
                 advice,
             },
