@@ -484,9 +484,9 @@ pub struct OffCpuInterval {
     /// runnable, waiting for a CPU.
     pub woken_ns: u64,
     /// The task that had the CPU while this thread waited for it: the one
-    /// that preempted it, or the one its wakeup interrupted on the CPU it
-    /// then ran on, else the one it took the CPU back from (bcc's
-    /// runqslower's `prev`); tid 0 is the idle task (the CPU was idle).
+    /// whose run overlapped its wait the most, among the last runs on the
+    /// CPU it came back on ([`CpuRuns`]); tid 0 is the idle task (the CPU
+    /// was idle), or nothing known.
     pub ran_tid: u32,
     pub ran_tgid: u32,
     /// [`ran_flags`] of that task.
@@ -554,21 +554,28 @@ pub struct OffCpuStart {
     pub copy_sp: u64,
     pub copy_bp: u64,
     pub copy_ns: u64,
-    /// Who had the CPU while the thread waited for it, when seen before
-    /// its switch-in: the task that preempted it (`next` at its
-    /// switch-out), or the task its wakeup from an interrupt interrupted.
-    /// Used only if the thread comes back on `seen_cpu` (the CPU it was
-    /// seen on; [`NO_CPU`]: nothing seen); else the task it takes the CPU
-    /// back from is the one named.
-    pub seen_tid: u32,
-    pub seen_tgid: u32,
-    pub seen_flags: u32,
-    pub seen_cpu: u32,
-    pub seen_comm: [u8; COMM_LEN],
 }
 
-/// [`OffCpuStart::seen_cpu`] when no runner was seen.
-pub const NO_CPU: u32 = u32::MAX;
+/// Runs kept per CPU in [`CpuRuns`] (a power of two).
+pub const CPU_RUNS: usize = 8;
+
+/// Per CPU: the last [`CPU_RUNS`] tasks that ran on it and when (the
+/// sched_switch program logs each at its switch-out). When a thread of the
+/// target gets the CPU back, the run that overlapped its wait the most is
+/// the task that had the CPU instead.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuRuns {
+    /// When the current task got the CPU (0: not seen yet).
+    pub since_ns: u64,
+    /// Runs logged so far (the next goes at `count % CPU_RUNS`).
+    pub count: u64,
+    /// Each run's task (a `task_struct` pointer, read only while it is
+    /// among the last few on the CPU), start and end.
+    pub task: [u64; CPU_RUNS],
+    pub from_ns: [u64; CPU_RUNS],
+    pub to_ns: [u64; CPU_RUNS],
+}
 
 /// A thread of the target has its stack copied as a futex waker at most
 /// once in this long. LockContention names the holder from its wakers'
@@ -616,11 +623,6 @@ impl OffCpuStart {
         copy_sp: 0,
         copy_bp: 0,
         copy_ns: 0,
-        seen_tid: 0,
-        seen_tgid: 0,
-        seen_flags: 0,
-        seen_cpu: NO_CPU,
-        seen_comm: [0; COMM_LEN],
     };
 
     /// Every stack id this entry refers to (its own and its waker's).

@@ -8,17 +8,16 @@ use aya_ebpf::{
     bindings::task_struct,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_task, bpf_get_task_stack},
+        bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated::bpf_get_task_stack,
     },
     macros::{btf_tracepoint, map},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
 };
 use profiler_ebpf::{
-    counter, is_wait_syscall, ran_flags, sleeps_interruptible, stack_for, waker, EventKind, IrqNesting,
-    KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
-    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH, NO_CPU,
+    counter, is_wait_syscall, ran_flags, sleeps_interruptible, stack_for, waker, CpuRuns, EventKind,
+    IrqNesting, KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
+    CPU_RUNS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
     TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
     USER_STACK_WAKER_SAMPLED_OUT, WAKER_COPY_EVERY_NS,
 };
@@ -45,20 +44,23 @@ fn waker_stack_min_ns() -> u64 {
 /// take. What an interval needs from the sleeping thread (its kernel
 /// stack, its user registers) is read at its switch-in, only once it is
 /// known to be long enough to report: a switch whose interval is short
-/// costs two map lookups and a few stores.
+/// costs two map lookups and a few stores. Every switch on the machine
+/// also reads the clock and logs the run that ended in its CPU's
+/// [`CpuRuns`] (who had the CPU while a thread of the target waited).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     // Switch-out: `current` is still the previous task.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    // The clock is read only for a switch of the target's threads: every
-    // other switch on the machine stops at the two filters.
-    let mut now = 0;
-    let next: *mut task_struct = ctx.arg(2);
+    // Every other switch on the machine stops at the runner update and
+    // the two filters.
+    let prev: *mut task_struct = ctx.arg(1);
+    let now = unsafe { bpf_ktime_get_ns() };
+    track_runner(prev, now);
     if is_target(tgid) {
-        now = unsafe { bpf_ktime_get_ns() };
-        switch_out(&ctx, pid_tgid as u32, tgid, now, next);
+        switch_out(&ctx, pid_tgid as u32, tgid, now);
     }
+    let next: *mut task_struct = ctx.arg(2);
 
     // Switch-in: only threads we saw leave have an interval open.
     let next_pid = task_pid(next);
@@ -75,9 +77,6 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     let start = unsafe { *p };
     if start.start_ns == 0 {
         return 0; // not seen leaving (it was already off-CPU at attach)
-    }
-    if now == 0 {
-        now = unsafe { bpf_ktime_get_ns() };
     }
     unsafe { (*p).start_ns = 0 };
     if start.waker_tid != 0 {
@@ -96,16 +95,91 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
-    let prev: *mut task_struct = ctx.arg(1);
-    switch_in_reported(next, prev, p, tid, &start, now);
+    switch_in_reported(next, p, tid, &start, now);
     0
+}
+
+/// Logs in this CPU's [`CpuRuns`] that `prev` ran from the last switch to
+/// `now`. Every switch on the machine does this (the clock, one per-CPU
+/// array entry, three stores).
+#[inline(always)]
+fn track_runner(prev: *mut task_struct, now: u64) {
+    let Some(c) = CPU_RUNS_MAP.get_ptr_mut(0) else {
+        return;
+    };
+    let c = unsafe { &mut *c };
+    if c.since_ns != 0 {
+        let i = (c.count as usize) & (CPU_RUNS - 1);
+        c.task[i] = prev as u64;
+        c.from_ns[i] = c.since_ns;
+        c.to_ns[i] = now;
+        c.count += 1;
+    }
+    c.since_ns = now;
+}
+
+/// The last runs on each CPU.
+#[map]
+static CPU_RUNS_MAP: PerCpuArray<CpuRuns> = PerCpuArray::with_max_entries(1, 0);
+
+/// Writes into `e`'s `ran_*` the task whose run on this CPU overlapped
+/// `[from, to)` the most (not `me`, the thread that waited), read now: it
+/// is among the last few to run here. tid 0: none found.
+#[inline(always)]
+unsafe fn write_runner(
+    e: *mut OffCpuInterval,
+    off: &profiler_ebpf::TracepointOffsets,
+    me: *mut task_struct,
+    from: u64,
+    to: u64,
+) {
+    (*e).ran_tid = 0;
+    (*e).ran_tgid = 0;
+    (*e).ran_flags = 0;
+    (*e).ran_comm = [0; COMM_LEN];
+    let Some(c) = CPU_RUNS_MAP.get_ptr(0) else {
+        return;
+    };
+    let (mut task, mut most) = (0u64, 0u64);
+    for i in 0..CPU_RUNS {
+        let t = (*c).task[i];
+        let a = if (*c).from_ns[i] > from {
+            (*c).from_ns[i]
+        } else {
+            from
+        };
+        let b = if (*c).to_ns[i] < to { (*c).to_ns[i] } else { to };
+        if t != 0 && t != me as u64 && b > a && b - a > most {
+            most = b - a;
+            task = t;
+        }
+    }
+    if task == 0 {
+        return;
+    }
+    let task = task as *const u8;
+    let read_u32 = |o: u32| bpf_probe_read_kernel(task.add(o as usize) as *const u32).unwrap_or(0);
+    (*e).ran_tid = read_u32(off.task_pid);
+    (*e).ran_tgid = read_u32(off.task_tgid);
+    if read_u32(off.task_flags) & ran_flags::PF_KTHREAD != 0 {
+        (*e).ran_flags = ran_flags::KTHREAD;
+    }
+    read_comm(task as *const task_struct, off.task_comm, &mut (*e).ran_comm);
+}
+
+/// `task->comm` into `out` (zeros if unreadable).
+#[inline(always)]
+unsafe fn read_comm(task: *const task_struct, at: u32, out: &mut [u8; COMM_LEN]) {
+    if bpf_probe_read_kernel_buf((task as *const u8).add(at as usize), out).is_err() {
+        *out = [0; COMM_LEN];
+    }
 }
 
 /// A thread of the target leaves its CPU at `now`: its entry records when
 /// and how. `prev_state` 0 (runnable: preempted, or yielded) is reported
 /// as state 0; blocked states as the kernel's `prev_state`.
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64, next: *mut task_struct) {
+fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
@@ -135,14 +209,11 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64, next: *
             None => user_stack_id = -14,
         }
     }
-    // Preempted: the task that takes its CPU now.
-    let seen = if state == 0 { Seen::task(next) } else { Seen::NONE };
     match OFFCPU_START.get_ptr_mut(&tid) {
         // The thread's entry from its earlier intervals: rewritten in
         // place, field by field (its deferred stack and last waker stay
         // for the system call exit that reads them).
         Some(p) => unsafe {
-            seen.store(p);
             (*p).user_ip = user_ip;
             (*p).user_sp = user_sp;
             (*p).user_bp = user_bp;
@@ -168,11 +239,6 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64, next: *
                 kernel_stack_id,
                 state,
                 tgid,
-                seen_tid: seen.tid,
-                seen_tgid: seen.tgid,
-                seen_flags: seen.flags,
-                seen_cpu: seen.cpu,
-                seen_comm: seen.comm,
                 ..OffCpuStart::IDLE
             };
             hint_target_tid(tid);
@@ -187,14 +253,7 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64, next: *
 /// taken from the sleeping task `next` (not running yet), then the
 /// interval goes out.
 #[inline(always)]
-fn switch_in_reported(
-    next: *mut task_struct,
-    prev: *mut task_struct,
-    p: *mut OffCpuStart,
-    tid: u32,
-    start: &OffCpuStart,
-    now: u64,
-) {
+fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, start: &OffCpuStart, now: u64) {
     let mut user_stack_id = start.user_stack_id;
     let mut kernel_stack_id = start.kernel_stack_id;
     // A blocked thread's registers, read once: its stack pointer for the
@@ -238,47 +297,37 @@ fn switch_in_reported(
         count(counter::RING_FULL);
         return;
     };
+    // Written in place, field by field: the record (and the task names
+    // read into it) never sits on the BPF stack, whose 512 bytes the
+    // switch program and its calls share (6.1's verifier counts them).
+    let e: *mut OffCpuInterval = entry.as_mut_ptr();
     let off = offsets();
-    let comm: [u8; COMM_LEN] = unsafe {
-        bpf_probe_read_kernel((next as *const u8).add(off.task_comm as usize) as *const [u8; COMM_LEN])
+    unsafe {
+        (*e).kind = EventKind::OffCpu as u32;
+        (*e).cpu = bpf_get_smp_processor_id();
+        (*e).start_ns = start.start_ns;
+        (*e).end_ns = now;
+        (*e).tgid = start.tgid;
+        (*e).tid = tid;
+        (*e).user_stack_id = user_stack_id;
+        (*e).kernel_stack_id = kernel_stack_id;
+        (*e).state = start.state;
+        (*e).waker_tid = start.waker_tid;
+        (*e).waker_tgid = start.waker_tgid;
+        (*e).waker_context = start.waker_context;
+        (*e).waker_comm = start.waker_comm;
+        (*e).woken_ns = start.woken_ns;
+        (*e)._pad = 0;
+        read_comm(next, off.task_comm, &mut (*e).comm);
+        // Who had the CPU while it waited: from its preemption, or its
+        // wakeup (from its sleep's start if the wakeup was not seen).
+        let from = if start.state != 0 && start.woken_ns != 0 {
+            start.woken_ns
+        } else {
+            start.start_ns
+        };
+        write_runner(e, &off, next, from, now);
     }
-    .unwrap_or([0; COMM_LEN]);
-    // Who had the CPU: the task seen taking it (if on this CPU), else the
-    // one it is taken back from (`current` is still the previous task).
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    let ran = if start.seen_cpu == cpu {
-        Seen {
-            tid: start.seen_tid,
-            tgid: start.seen_tgid,
-            flags: start.seen_flags,
-            cpu,
-            comm: start.seen_comm,
-        }
-    } else {
-        Seen::task(prev)
-    };
-    entry.write(OffCpuInterval {
-        kind: EventKind::OffCpu as u32,
-        cpu,
-        start_ns: start.start_ns,
-        end_ns: now,
-        tgid: start.tgid,
-        tid,
-        user_stack_id,
-        kernel_stack_id,
-        state: start.state,
-        waker_tid: start.waker_tid,
-        waker_tgid: start.waker_tgid,
-        waker_context: start.waker_context,
-        comm,
-        waker_comm: start.waker_comm,
-        woken_ns: start.woken_ns,
-        ran_tid: ran.tid,
-        ran_tgid: ran.tgid,
-        ran_flags: ran.flags,
-        _pad: 0,
-        ran_comm: ran.comm,
-    });
     entry.submit(submit_flags());
     count(counter::OFFCPU_INTERVALS);
     count_lost_stacks(&[kernel_stack_id]);
@@ -321,64 +370,6 @@ fn send_kernel_stack(task: *mut task_struct, tid: u32, start_ns: u64) -> i32 {
 /// Where a kernel stack record is built (1 KiB: too big for the BPF stack).
 #[map]
 static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStackRecord> = PerCpuArray::with_max_entries(1, 0);
-
-/// A task seen having a CPU a thread of the target waits for.
-struct Seen {
-    tid: u32,
-    tgid: u32,
-    flags: u32,
-    cpu: u32,
-    comm: [u8; COMM_LEN],
-}
-
-impl Seen {
-    const NONE: Seen = Seen {
-        tid: 0,
-        tgid: 0,
-        flags: 0,
-        cpu: NO_CPU,
-        comm: [0; COMM_LEN],
-    };
-
-    /// `task`, on this CPU.
-    #[inline(always)]
-    fn task(task: *const task_struct) -> Seen {
-        let off = offsets();
-        let at = |o: u32| unsafe { (task as *const u8).add(o as usize) };
-        let read_u32 = |o: u32| unsafe { bpf_probe_read_kernel(at(o) as *const u32) }.unwrap_or(0);
-        let flags = if read_u32(off.task_flags) & ran_flags::PF_KTHREAD != 0 {
-            ran_flags::KTHREAD
-        } else {
-            0
-        };
-        Seen {
-            tid: read_u32(off.task_pid),
-            tgid: read_u32(off.task_tgid),
-            flags,
-            cpu: unsafe { bpf_get_smp_processor_id() },
-            comm: unsafe { bpf_probe_read_kernel(at(off.task_comm) as *const [u8; COMM_LEN]) }
-                .unwrap_or([0; COMM_LEN]),
-        }
-    }
-
-    /// Into a thread's entry.
-    #[inline(always)]
-    unsafe fn store(&self, p: *mut OffCpuStart) {
-        (*p).seen_tid = self.tid;
-        (*p).seen_tgid = self.tgid;
-        (*p).seen_flags = self.flags;
-        (*p).seen_cpu = self.cpu;
-        (*p).seen_comm = self.comm;
-    }
-}
-
-/// Whether this CPU is in an interrupt (hard, soft or an hrtimer) now.
-#[inline(always)]
-fn in_interrupt() -> bool {
-    IRQ_NESTING
-        .get_ptr(0)
-        .is_some_and(|n| unsafe { (*n).hrtimer > 0 || (*n).hardirq > 0 || (*n).softirq > 0 })
-}
 
 /// `task->pid`, by a direct load the verifier checks against the kernel's
 /// BTF (the offset is a constant of the read-only data, set from that BTF
@@ -447,15 +438,6 @@ pub fn slotprof_waking(ctx: BtfTracePointContext) -> u32 {
     } else {
         (waker::NOT_TAKEN, -1)
     };
-    // A wakeup from an interrupt: the interrupted task has the CPU (the
-    // woken thread's, if it runs there; the switch-in checks).
-    if in_interrupt() {
-        let current = unsafe { bpf_get_current_task() } as *const task_struct;
-        let seen = Seen::task(current);
-        if seen.tid != 0 {
-            unsafe { seen.store(start) };
-        }
-    }
     unsafe {
         (*start).woken_ns = now;
         (*start).waker_context = waker_context;

@@ -4,10 +4,12 @@
 //! The measurement is bcc's runqlat/runqslower's: from the wakeup (or the
 //! preemption) of the thread to its switch-in, read from its off-CPU
 //! intervals ([`Interval::runnable_ns`]), so only waits inside an interval
-//! of at least `--min-offcpu` are seen. Who had the CPU is the task the
-//! thread took it back from at its switch-in (runqslower's `prev`): a
-//! kernel thread (kcompactd, ksoftirqd, a kworker), another process, a
-//! thread of the target's own. A wait that ends with the CPU idle had no
+//! of at least `--min-offcpu` are seen. Who had the CPU is the task whose
+//! run on that CPU overlapped the wait the most (the kernel logs each CPU's
+//! last runs; runqslower names only the task it took the CPU back from,
+//! which after a long wait is often a kworker that ran for a moment): a
+//! kernel thread (kcompactd, ksoftirqd, a kworker), another process, or a
+//! thread of the target's own. A wait the idle task had the CPU for had no
 //! one taking the CPU: it is the wakeup's way to a sleeping CPU (an IPI and
 //! a C-state exit; on a VM the host running the vCPU again) and is not
 //! counted (the kernel's own run_delay starts later, at the enqueue), only
