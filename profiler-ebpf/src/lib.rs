@@ -877,7 +877,8 @@ pub mod names {
         pub const USER_STACK_TOP: &str = "USER_STACK_TOP";
         pub const USER_STACK_SCRATCH: &str = "USER_STACK_SCRATCH";
         /// Used by the programs only.
-        pub const KERNEL_ONLY: [&str; 6] = [
+        pub const KERNEL_ONLY: [&str; 7] = [
+            "CPU_RUNS_MAP",
             "HOST_STACKS",
             "IRQ_NESTING",
             "KERNEL_STACK_SCRATCH",
