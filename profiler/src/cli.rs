@@ -71,6 +71,19 @@ pub struct ExplainArgs {
     /// With --outcomes values: bad below this.
     #[arg(long, requires = "outcomes")]
     pub threshold: Option<f64>,
+    /// A slot is bad when its block was skipped or small, by the outcomes
+    /// `slotprof run` recorded from the node's RPC (hours/*/outcomes.jsonl,
+    /// `export.block_outcomes`).
+    #[arg(long, conflicts_with_all = ["outcomes", "longer_than"])]
+    pub blocks: bool,
+    /// With --blocks: a block under this many compute units is bad (the
+    /// reference incident's small block).
+    #[arg(long, requires = "blocks", default_value_t = 7_000_000, value_name = "UNITS")]
+    pub cu_below: u64,
+    /// With --blocks: judge by transactions instead: a block with fewer is
+    /// bad.
+    #[arg(long, requires = "blocks", value_name = "TRANSACTIONS")]
+    pub tx_below: Option<u64>,
     /// Also write explain.json here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

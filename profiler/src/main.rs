@@ -125,12 +125,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Explain(e) => {
-            let outcomes = match (&e.outcomes, e.longer_than) {
-                (Some(f), _) => profiler::explain::Outcomes::read(f, e.threshold)?,
-                (None, Some(d)) => profiler::explain::Outcomes::LongerThan(d.as_secs_f64() * 1e3),
-                (None, None) => anyhow::bail!(
-                    "say what makes a slot bad: --longer-than 450ms, or --outcomes FILE with your own \
-                     per-slot judgement"
+            let outcomes = match (&e.outcomes, e.longer_than, e.blocks) {
+                (Some(f), _, _) => profiler::explain::Outcomes::read(f, e.threshold)?,
+                (None, Some(d), _) => profiler::explain::Outcomes::LongerThan(d.as_secs_f64() * 1e3),
+                (None, None, true) => profiler::explain::Outcomes::Blocks {
+                    cu_below: e.tx_below.is_none().then_some(e.cu_below),
+                    tx_below: e.tx_below,
+                },
+                (None, None, false) => anyhow::bail!(
+                    "say what makes a slot bad: --blocks (the node's own blocks, recorded by `slotprof \
+                     run` from its RPC: skipped, or under --cu-below 7000000 compute units), \
+                     --longer-than 450ms, or --outcomes FILE with your own per-slot judgement"
                 ),
             };
             print!(

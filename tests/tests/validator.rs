@@ -1550,3 +1550,121 @@ fn stacks_agree_with_perf_dwarf_on_the_same_node() {
         share * 100.0
     );
 }
+
+/// `slotprof run` on the real node with its RPC as the slot source asks the
+/// node for each exported leader slot's block (getBlock, at most 4 calls a
+/// second) and records it in hours/*/outcomes.jsonl: every leader slot it
+/// exported has one, and each agrees with the block the test reads from
+/// the node itself (transactions, and compute units summed over the
+/// block's transactions); `slotprof explain --blocks` then judges those
+/// slots. Under load (100 tx/s) the blocks differ in size, so a shifted or
+/// mixed-up slot number would not match.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
+fn always_on_records_each_leader_slots_block_from_the_nodes_rpc() {
+    let Some(_k) = kernel() else { return };
+    let Some(node) = node() else { return };
+    let dir = private_dir("block-outcomes");
+    let export = dir.join("export");
+    let config = dir.join("slotprof.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\ncomm = \"solana-test-validator\"\n[slots]\nsource = \"rpc={}\"\n[export]\ndir = \"{}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{}\"\n[phase_probe]\nenabled = false\n",
+            node.rpc_url(),
+            export.display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let load_dir = private_dir("block-outcomes-load");
+    let _load =
+        Load::start(&node, LOAD_RATE, 60, &load_dir.join("report.json")).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config.to_str().unwrap();
+    let o = run_slotprof(&["run", "-c", cfg, "--duration", "45s"]);
+    assert!(o.status.success(), "slotprof run failed");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let summary = stderr
+        .lines()
+        .find(|l| l.contains("block outcomes from the RPC"))
+        .unwrap_or_else(|| panic!("no block-outcome summary in: {stderr}"));
+    eprintln!("{summary}");
+    let lines = |name: &str| -> Vec<serde_json::Value> {
+        let mut v = Vec::new();
+        for h in std::fs::read_dir(export.join("hours")).unwrap().flatten() {
+            let text = std::fs::read_to_string(h.path().join(name)).unwrap_or_default();
+            v.extend(
+                text.lines()
+                    .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+            );
+        }
+        v
+    };
+    let leaders: Vec<u64> = lines("slots.jsonl")
+        .iter()
+        .filter(|s| s["leader"] == true && s["aligned"] == true)
+        .map(|s| s["number"].as_u64().unwrap())
+        .collect();
+    let outcomes: BTreeMap<u64, serde_json::Value> = lines("outcomes.jsonl")
+        .into_iter()
+        .map(|o| (o["slot"].as_u64().unwrap(), o))
+        .collect();
+    let missing: Vec<&u64> = leaders.iter().filter(|s| !outcomes.contains_key(s)).collect();
+    assert!(
+        row(
+            "block outcomes",
+            "exported leader slots without a recorded block outcome",
+            &format!("{} of {}", missing.len(), leaders.len()),
+            "0, of at least 50",
+            missing.is_empty() && leaders.len() >= 50
+        ),
+        "leader slots without an outcome: {missing:?}"
+    );
+    // Each against the node's own block, read here.
+    let (mut agree, mut with_load) = (0, 0);
+    for (slot, o) in &outcomes {
+        let block = slotprof_tests::validator::rpc_call(
+            node.rpc_port,
+            "getBlock",
+            serde_json::json!([slot, {"encoding": "base64", "transactionDetails": "full", "rewards": false,
+                "maxSupportedTransactionVersion": 0, "commitment": "confirmed"}]),
+        )
+        .unwrap_or_else(|e| panic!("the test's own getBlock {slot}: {e}"));
+        let txs = block["transactions"].as_array().unwrap();
+        let cu: u64 = txs
+            .iter()
+            .map(|t| t["meta"]["computeUnitsConsumed"].as_u64().unwrap())
+            .sum();
+        assert_eq!(o["skipped"], false, "slot {slot}: {o}");
+        assert_eq!(
+            (o["transactions"].as_u64(), o["compute_units"].as_u64()),
+            (Some(txs.len() as u64), Some(cu)),
+            "slot {slot}: slotprof recorded {o}, the node's block has {} transactions, {cu} units",
+            txs.len()
+        );
+        agree += 1;
+        with_load += usize::from(txs.len() > 1);
+    }
+    assert!(
+        row(
+            "block outcomes",
+            "recorded outcomes equal to the node's own block (transactions, compute units)",
+            &format!(
+                "{agree} of {}; {with_load} with more than the vote",
+                outcomes.len()
+            ),
+            "all, and at least 10 loaded blocks",
+            with_load >= 10
+        ),
+        "only {with_load} blocks carried the load's transactions"
+    );
+    // explain judges the recorded blocks.
+    let o = run_slotprof(&["explain", export.to_str().unwrap(), "--blocks", "--tx-below", "2"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "explain --blocks: {text}");
+    assert!(
+        text.contains("the node's own blocks") && text.contains("slots judged"),
+        "{text}"
+    );
+}

@@ -22,6 +22,8 @@ use std::{
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::slot_sources::blocks::{BlockOutcome, OUTCOMES_FILE};
+
 /// One slot as explain reads it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlotRow {
@@ -36,6 +38,8 @@ pub struct SlotRow {
     pub kinds: BTreeSet<String>,
     /// "slow" or "fast" when the phase probe ran.
     pub phase: Option<String>,
+    /// Its block, as `slotprof run` recorded it from the node's RPC.
+    pub block: Option<BlockOutcome>,
 }
 
 /// The fields of a slot line explain reads (slot.json and slots.jsonl
@@ -121,8 +125,46 @@ pub fn read_node(dir: &Path) -> anyhow::Result<Read> {
             }
         }
     }
-    read.rows = seen.into_values().collect();
+    let blocks = read_blocks(dir, &mut read)?;
+    read.rows = seen
+        .into_values()
+        .map(|mut r: SlotRow| {
+            r.block = blocks.get(&r.slot).cloned();
+            r
+        })
+        .collect();
     Ok(read)
+}
+
+/// The block outcomes under `dir` (hours/*/outcomes.jsonl), by slot; bad
+/// lines are counted in `read`.
+fn read_blocks(dir: &Path, read: &mut Read) -> anyhow::Result<BTreeMap<u64, BlockOutcome>> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("hours")) else {
+        return Ok(out);
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path().join(OUTCOMES_FILE))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    for f in files {
+        let text = crate::output::read_text_bounded(&f, MAX_FILE_BYTES)?;
+        for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            match serde_json::from_str::<BlockOutcome>(l) {
+                Ok(b) => {
+                    out.insert(b.slot, b);
+                }
+                Err(e) => {
+                    read.bad_lines += 1;
+                    read.first_bad
+                        .get_or_insert_with(|| format!("{}:{}: {e}", f.display(), i + 1));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn row(node: &str, l: Line) -> SlotRow {
@@ -134,6 +176,7 @@ fn row(node: &str, l: Line) -> SlotRow {
         duration_ms: l.duration_ms,
         kinds: l.findings.into_iter().map(|f| f.kind).collect(),
         phase: l.phase,
+        block: None,
     }
 }
 
@@ -144,6 +187,12 @@ pub enum Outcomes {
     LongerThan(f64),
     /// The operator's own judgement, per slot (`--outcomes FILE`).
     Given(HashMap<u64, bool>),
+    /// The node's own blocks (`--blocks`): skipped, or under a number of
+    /// compute units or (instead) of transactions.
+    Blocks {
+        cu_below: Option<u64>,
+        tx_below: Option<u64>,
+    },
 }
 
 impl Outcomes {
@@ -156,6 +205,14 @@ impl Outcomes {
                 m.len(),
                 m.values().filter(|b| **b).count()
             ),
+            Outcomes::Blocks { cu_below, tx_below } => format!(
+                "the node's own blocks (getBlock from its RPC, recorded by `slotprof run`): skipped, or {}",
+                match (cu_below, tx_below) {
+                    (_, Some(t)) => format!("fewer than {t} transactions"),
+                    (Some(c), None) => format!("under {c} compute units"),
+                    (None, None) => "nothing else".into(),
+                }
+            ),
         }
     }
 
@@ -164,6 +221,17 @@ impl Outcomes {
         match self {
             Outcomes::LongerThan(ms) => Some(r.duration_ms > *ms),
             Outcomes::Given(m) => m.get(&r.slot).copied(),
+            Outcomes::Blocks { cu_below, tx_below } => {
+                let b = r.block.as_ref()?;
+                if b.skipped {
+                    return Some(true);
+                }
+                match (cu_below, tx_below) {
+                    (_, Some(t)) => Some(b.transactions? < *t),
+                    (Some(c), None) => Some(b.compute_units? < *c),
+                    (None, None) => Some(false),
+                }
+            }
         }
     }
 
@@ -453,6 +521,7 @@ mod tests {
             duration_ms: ms,
             kinds: kinds.iter().map(|k| k.to_string()).collect(),
             phase: phase.map(str::to_string),
+            block: None,
         }
     }
 
@@ -586,5 +655,48 @@ mod tests {
         assert!(r.first_bad.unwrap().contains("slots.jsonl:2"));
         let e = read_node(dir.path()).unwrap_err().to_string();
         assert!(e.contains("no slots found"), "{e}");
+    }
+
+    #[test]
+    fn blocks_recorded_by_run_are_read_and_judged_skipped_or_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node-b");
+        let hour = node.join("hours/2026-12-05T15");
+        std::fs::create_dir_all(&hour).unwrap();
+        std::fs::write(
+            hour.join("slots.jsonl"),
+            (20..24)
+                .map(|n| format!("{{\"number\":{n},\"leader\":true,\"duration_ms\":400.0}}\n"))
+                .collect::<String>(),
+        )
+        .unwrap();
+        std::fs::write(
+            hour.join(OUTCOMES_FILE),
+            "{\"slot\":20,\"source\":\"rpc getBlock\",\"skipped\":true}\n\
+             {\"slot\":21,\"source\":\"rpc getBlock\",\"skipped\":false,\"transactions\":3,\"compute_units\":6000000}\n\
+             {\"slot\":22,\"source\":\"rpc getBlock\",\"skipped\":false,\"transactions\":900,\"compute_units\":9000000}\n\
+             {\"slot\": \"x\"}\n",
+        )
+        .unwrap();
+        let r = read_node(&node).unwrap();
+        assert_eq!(r.bad_lines, 1);
+        let by_cu = Outcomes::Blocks {
+            cu_below: Some(7_000_000),
+            tx_below: None,
+        };
+        let judged: Vec<_> = r.rows.iter().map(|row| by_cu.bad(row)).collect();
+        // 20 skipped, 21 small, 22 full, 23 has no outcome (not judged).
+        assert_eq!(judged, [Some(true), Some(true), Some(false), None]);
+        let by_tx = Outcomes::Blocks {
+            cu_below: None,
+            tx_below: Some(2),
+        };
+        let judged: Vec<_> = r.rows.iter().map(|row| by_tx.bad(row)).collect();
+        assert_eq!(judged, [Some(true), Some(false), Some(false), None]);
+        assert!(
+            by_cu.describe().contains("under 7000000 compute units"),
+            "{}",
+            by_cu.describe()
+        );
     }
 }

@@ -143,22 +143,7 @@ fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
-/// `YYYY-MM-DDTHH` (UTC) of a Unix time.
-fn hour_name(unix_s: i64) -> String {
-    let days = unix_s.div_euclid(86_400);
-    let hour = unix_s.rem_euclid(86_400) / 3600;
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{hour:02}")
-}
+pub(crate) use crate::output::hour_name;
 
 impl Exporter {
     /// Opens (creating) the export directory, removes what a crash left

@@ -183,6 +183,13 @@ impl Rpc {
         params: Value,
         limit: usize,
     ) -> anyhow::Result<Option<T>> {
+        let body = self.call_raw(method, params, limit).await?;
+        decode_answer(method, &body)
+    }
+
+    /// One call's answer as it came (HTTP success, at most `limit` bytes,
+    /// within the call timeout): for callers that read the error codes.
+    pub async fn call_raw(&self, method: &str, params: Value, limit: usize) -> anyhow::Result<Bytes> {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
         let request = hyper::Request::post(self.ep.uri.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -213,7 +220,7 @@ impl Rpc {
         if !status.is_success() {
             bail!("{method}: HTTP {status}: {}", quote(&body));
         }
-        decode_answer(method, &body)
+        Ok(body)
     }
 
     /// One call whose result must be there.

@@ -487,12 +487,14 @@ async fn follow(
         config.export_dir.display()
     ));
     let topology = crate::topology::Topology::of(config.spec.detectors.topology.as_deref())?;
+    let blocks = block_fetcher(config);
     let mut chunk = Chunk {
         config: config.clone(),
         target: &target,
         topology: &topology,
         exporter,
         snapshot,
+        blocks: blocks.as_ref(),
     };
     let mut tick = tokio::time::interval(TICK);
     let end = loop {
@@ -528,7 +530,23 @@ async fn follow(
         }
     };
     f.finish(&mut chunk, lost_before)?;
+    if let Some(b) = blocks {
+        eprintln!("slotprof: {}", b.finish(Duration::from_secs(6)).await);
+    }
     Ok(end)
+}
+
+/// The block-outcome fetcher, when the slot source has the node's RPC and
+/// the configuration wants outcomes.
+fn block_fetcher(config: &Config) -> Option<crate::slot_sources::blocks::Fetcher> {
+    let ep = match &config.spec.slot_source {
+        Some(SlotSourceSpec::Rpc(ep)) => ep,
+        Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => ep,
+        _ => return None,
+    };
+    config
+        .block_outcomes
+        .then(|| crate::slot_sources::blocks::Fetcher::start(ep.clone(), config.export_dir.clone()))
 }
 
 /// One target followed by `slotprof run`: its probes and event stream,
@@ -979,6 +997,8 @@ struct Chunk<'a> {
     topology: &'a crate::topology::Topology,
     exporter: &'a mut always_on::Exporter,
     snapshot: &'a Arc<Mutex<Snapshot>>,
+    /// Asks for each exported leader slot's block.
+    blocks: Option<&'a crate::slot_sources::blocks::Fetcher>,
 }
 
 /// A batch of finished slots, aggregated, with what the kernel told of
@@ -1043,6 +1063,9 @@ impl Chunk<'_> {
             };
             self.exporter.slot(&result)?;
             metrics::SlotMetrics(self.snapshot).slot(&result)?;
+            if let Some(b) = self.blocks.filter(|_| slot.leader && slot.aligned) {
+                b.ended(slot.number);
+            }
             self.snapshot.lock().unwrap().exported(self.exporter);
         }
         Ok(())
