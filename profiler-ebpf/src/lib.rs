@@ -84,6 +84,51 @@ pub enum EventKind {
     UserStack = 9,
     /// [`KernelStackHeader`] and the addresses after it.
     KernelStack = 10,
+    /// [`MemStall`].
+    MemStall = 11,
+}
+
+/// A thread of the target stalled in the kernel's memory management:
+/// direct reclaim, its cgroup's reclaim (memory.high / the limit) or
+/// direct compaction, from the tracepoints' begin to end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemStall {
+    /// [`EventKind::MemStall`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// [`mem_stall`]: which.
+    pub what: u32,
+    pub _pad: u32,
+    /// Pages reclaimed (reclaim only).
+    pub nr_reclaimed: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// [`MemStall::what`].
+pub mod mem_stall {
+    /// vmscan:mm_vmscan_direct_reclaim_begin/end: the allocation found the
+    /// system short of free memory and reclaimed itself.
+    pub const DIRECT_RECLAIM: u32 = 1;
+    /// vmscan:mm_vmscan_memcg_reclaim_begin/end: over its cgroup's
+    /// memory.high or limit, it reclaimed from its cgroup.
+    pub const CGROUP_RECLAIM: u32 = 2;
+    /// compaction:mm_compaction_begin/end in the thread's own context:
+    /// direct compaction for a higher-order allocation.
+    pub const DIRECT_COMPACTION: u32 = 3;
+}
+
+/// Where a thread's memory stall began (per-thread map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemStallStart {
+    pub start_ns: u64,
+    pub what: u32,
+    pub _pad: u32,
 }
 
 /// An off-CPU interval's kernel stack, walked at its switch-in (a sleeping
@@ -839,8 +884,12 @@ pub mod names {
         pub const COMPACT_BEGIN: &str = "slotprof_compact_begin";
         pub const COMPACT_END: &str = "slotprof_compact_end";
         pub const MIGRATE: &str = "slotprof_migrate";
+        pub const DIRECT_RECLAIM_BEGIN: &str = "slotprof_direct_reclaim_begin";
+        pub const CGROUP_RECLAIM_BEGIN: &str = "slotprof_cgroup_reclaim_begin";
+        pub const DIRECT_COMPACTION_BEGIN: &str = "slotprof_direct_compaction_begin";
+        pub const MEM_STALL_END: &str = "slotprof_mem_stall_end";
         /// Every program of the object.
-        pub const ALL: [&str; 21] = [
+        pub const ALL: [&str; 25] = [
             SWITCH,
             WAKING,
             SYS_ENTER,
@@ -862,6 +911,10 @@ pub mod names {
             COMPACT_BEGIN,
             COMPACT_END,
             MIGRATE,
+            DIRECT_RECLAIM_BEGIN,
+            CGROUP_RECLAIM_BEGIN,
+            DIRECT_COMPACTION_BEGIN,
+            MEM_STALL_END,
         ];
     }
 
@@ -877,12 +930,13 @@ pub mod names {
         pub const USER_STACK_TOP: &str = "USER_STACK_TOP";
         pub const USER_STACK_SCRATCH: &str = "USER_STACK_SCRATCH";
         /// Used by the programs only.
-        pub const KERNEL_ONLY: [&str; 7] = [
+        pub const KERNEL_ONLY: [&str; 8] = [
             "CPU_RUNS_MAP",
             "HOST_STACKS",
             "IRQ_NESTING",
             "KERNEL_STACK_SCRATCH",
             "MADVISE_START",
+            "MEM_STALL_START",
             "PAGE_FAULTS",
             "USER_STACK_BUSY",
         ];

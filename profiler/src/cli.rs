@@ -247,6 +247,10 @@ pub struct DetectorArgs {
     /// makes a CpuContention (waits of at least --min-offcpu are seen).
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     pub cpu_wait_threshold: Duration,
+    /// Time a thread spent reclaiming or compacting memory, or a hot thread
+    /// waiting for a page, per slot, that makes a MemoryPressure.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub memory_stall_threshold: Duration,
 }
 
 impl ProfileArgs {
@@ -275,6 +279,7 @@ impl DetectorArgs {
             purge_threshold_ns: self.purge_threshold.as_nanos() as u64,
             lock_threshold_ns: self.lock_threshold.as_nanos() as u64,
             cpu_wait_threshold_ns: self.cpu_wait_threshold.as_nanos() as u64,
+            memory_stall_threshold_ns: self.memory_stall_threshold.as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / freq_hz.max(1),
             topology: self.topology.clone(),
             pingpong_threshold: self.pingpong_threshold,

@@ -106,6 +106,7 @@ struct DetectorsSection {
     purge_threshold: String,
     lock_threshold: String,
     cpu_wait_threshold: String,
+    memory_stall_threshold: String,
     pingpong_threshold: f64,
 }
 
@@ -119,6 +120,7 @@ impl Default for DetectorsSection {
             purge_threshold: "1ms".into(),
             lock_threshold: "10ms".into(),
             cpu_wait_threshold: "5ms".into(),
+            memory_stall_threshold: "5ms".into(),
             pingpong_threshold: 0.05,
         }
     }
@@ -283,6 +285,11 @@ impl Config {
                 as u64,
             cpu_wait_threshold_ns: dur("detectors.cpu_wait_threshold", &f.detectors.cpu_wait_threshold)?
                 .as_nanos() as u64,
+            memory_stall_threshold_ns: dur(
+                "detectors.memory_stall_threshold",
+                &f.detectors.memory_stall_threshold,
+            )?
+            .as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
             topology: None,
             pingpong_threshold: f.detectors.pingpong_threshold,

@@ -2,6 +2,7 @@
 
 mod cpu_sampling;
 mod host;
+mod mem_stall;
 mod page_faults;
 mod sched;
 mod slot_mark;
@@ -209,6 +210,11 @@ fn clear_exit_hint(tid: u32) {
         }
     }
 }
+
+/// Target threads inside a memory stall (reclaim, compaction), by tid.
+#[map]
+static MEM_STALL_START: LruHashMap<u32, profiler_ebpf::MemStallStart> =
+    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// Target threads inside madvise(2), by tid.
 #[map]

@@ -18,12 +18,13 @@ pub mod cpu_contention;
 pub mod kvm_mmu_invalidation;
 pub mod lock_contention;
 pub mod main_loop_gap;
+pub mod memory_pressure;
 pub mod sync_allocator_purge;
 
 use crate::slots::Buckets;
 use std::collections::{BTreeMap, HashMap};
 
-use profiler_ebpf::{FutexWait, LoopMark, MadviseCall};
+use profiler_ebpf::{FutexWait, LoopMark, MadviseCall, MemStall};
 use serde::Serialize;
 
 use crate::records::{Interval, StackKey};
@@ -43,18 +44,22 @@ pub enum FindingKind {
     LockContention,
     /// A main-loop iteration over the threshold ([`main_loop_gap`]).
     MainLoopGap,
+    /// A thread stalled reclaiming or compacting memory, or waiting for a
+    /// page ([`memory_pressure`]).
+    MemoryPressure,
     /// An allocator returning memory on a hot thread ([`sync_allocator_purge`]).
     SyncAllocatorPurge,
 }
 
 impl FindingKind {
     /// Every kind, in order.
-    pub const ALL: [FindingKind; 6] = [
+    pub const ALL: [FindingKind; 7] = [
         FindingKind::CacheLinePingPong,
         FindingKind::CpuContention,
         FindingKind::KvmMmuInvalidation,
         FindingKind::LockContention,
         FindingKind::MainLoopGap,
+        FindingKind::MemoryPressure,
         FindingKind::SyncAllocatorPurge,
     ];
 
@@ -65,6 +70,7 @@ impl FindingKind {
             FindingKind::KvmMmuInvalidation => "KvmMmuInvalidation",
             FindingKind::LockContention => "LockContention",
             FindingKind::MainLoopGap => "MainLoopGap",
+            FindingKind::MemoryPressure => "MemoryPressure",
             FindingKind::SyncAllocatorPurge => "SyncAllocatorPurge",
         }
     }
@@ -142,6 +148,8 @@ pub struct DetectorConfig {
     /// Runnable-but-waiting time per hot thread per slot that makes a
     /// CpuContention.
     pub cpu_wait_threshold_ns: u64,
+    /// Memory-stall time per thread per slot that makes a MemoryPressure.
+    pub memory_stall_threshold_ns: u64,
     /// On-CPU sampling period.
     pub sample_period_ns: u64,
     /// `--topology`: CCXs from a file instead of sysfs.
@@ -159,6 +167,7 @@ impl Default for DetectorConfig {
             purge_threshold_ns: 1_000_000,
             lock_threshold_ns: 10_000_000,
             cpu_wait_threshold_ns: 5_000_000,
+            memory_stall_threshold_ns: 5_000_000,
             sample_period_ns: 1_000_000_000 / 99,
             topology: None,
             pingpong_threshold: 0.05,
@@ -172,6 +181,8 @@ pub struct Inputs<'a> {
     pub samples: &'a [(u64, StackKey)],
     pub intervals: &'a [Interval],
     pub madvise: &'a [MadviseCall],
+    /// Reclaim and compaction stalls of the target's threads.
+    pub mem_stalls: &'a [MemStall],
     pub futex: &'a [FutexWait],
     pub loop_marks: &'a [LoopMark],
     /// Short futex waits counted in the kernel: (address, waits, ns).
@@ -189,6 +200,7 @@ impl<'a> Inputs<'a> {
             samples: &[],
             intervals: &[],
             madvise: &[],
+            mem_stalls: &[],
             futex: &[],
             loop_marks: &[],
             short_futex: &[],
@@ -261,11 +273,12 @@ pub type Detect = fn(&Inputs, &DetectorConfig, &Buckets, &mut NameStack) -> Vec<
 /// memory accesses ([`cache_line_ping_pong::detect`], through
 /// `pipeline::cache_lines`), [`FindingKind::KvmMmuInvalidation`] the host's
 /// per-second counts ([`kvm_mmu_invalidation::detect`], run by `host`).
-pub const EVENT_DETECTORS: [(FindingKind, Detect); 4] = [
+pub const EVENT_DETECTORS: [(FindingKind, Detect); 5] = [
     (FindingKind::MainLoopGap, main_loop_gap::detect),
     (FindingKind::SyncAllocatorPurge, sync_allocator_purge::detect),
     (FindingKind::LockContention, lock_contention::detect),
     (FindingKind::CpuContention, cpu_contention::detect),
+    (FindingKind::MemoryPressure, memory_pressure::detect),
 ];
 
 /// Overlap of `[a0, a1)` and `[b0, b1)` in ns.

@@ -1,7 +1,8 @@
 //! Decoding ring-buffer records.
 
 use profiler_ebpf::{
-    CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, OffCpuInterval, SlotMark, UserRegs,
+    CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, MemStall, OffCpuInterval, SlotMark,
+    UserRegs,
 };
 
 /// One record from the kernel.
@@ -11,6 +12,7 @@ pub enum Event {
     OffCpu(OffCpuInterval),
     SlotMark(SlotMark),
     Madvise(MadviseCall),
+    MemStall(MemStall),
     FutexWait(FutexWait),
     LoopMark(LoopMark),
     UserRegs(UserRegs),
@@ -26,6 +28,7 @@ impl Event {
             Event::OffCpu(o) => record_bytes(o),
             Event::SlotMark(m) => record_bytes(m),
             Event::Madvise(m) => record_bytes(m),
+            Event::MemStall(m) => record_bytes(m),
             Event::FutexWait(f) => record_bytes(f),
             Event::LoopMark(m) => record_bytes(m),
             Event::UserRegs(r) => record_bytes(r),
@@ -42,7 +45,7 @@ impl Event {
             Event::Madvise(m) => vec![m.user_stack_id],
             Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id],
             Event::Host(h) => vec![h.kernel_stack_id],
-            Event::SlotMark(_) | Event::LoopMark(_) | Event::UserRegs(_) => Vec::new(),
+            Event::SlotMark(_) | Event::LoopMark(_) | Event::UserRegs(_) | Event::MemStall(_) => Vec::new(),
         }
     }
 }
@@ -59,6 +62,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<SlotMark>(bytes).map(Event::SlotMark)
     } else if kind == EventKind::Madvise as u32 {
         read::<MadviseCall>(bytes).map(Event::Madvise)
+    } else if kind == EventKind::MemStall as u32 {
+        read::<MemStall>(bytes).map(Event::MemStall)
     } else if kind == EventKind::FutexWait as u32 {
         read::<FutexWait>(bytes).map(Event::FutexWait)
     } else if kind == EventKind::LoopMark as u32 {
@@ -135,6 +140,7 @@ mod tests {
         assert_eq!(size_of::<OffCpuInterval>(), 128);
         assert_eq!(size_of::<SlotMark>(), 32);
         assert_eq!(size_of::<MadviseCall>(), 80);
+        assert_eq!(size_of::<MemStall>(), 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 16);
         assert_eq!(size_of::<FutexWait>(), 112);
         assert_eq!(size_of::<LoopMark>(), 32);
         assert_eq!(size_of::<UserRegs>(), 4 + 4 + 8 + 4 + 4 + 21 * 8);

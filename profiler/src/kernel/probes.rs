@@ -217,6 +217,35 @@ impl Probes {
                 program::IPI_SEND,
                 &[("ipi", "ipi_send_cpumask"), ("ipi", "ipi_send_cpu")],
             ));
+            // Memory stalls: each begin says which; one end for all.
+            for (program, category, name) in [
+                (
+                    program::DIRECT_RECLAIM_BEGIN,
+                    "vmscan",
+                    "mm_vmscan_direct_reclaim_begin",
+                ),
+                (
+                    program::CGROUP_RECLAIM_BEGIN,
+                    "vmscan",
+                    "mm_vmscan_memcg_reclaim_begin",
+                ),
+                (
+                    program::DIRECT_COMPACTION_BEGIN,
+                    "compaction",
+                    "mm_compaction_begin",
+                ),
+            ] {
+                status.push(attach_tracepoint(&mut ebpf, program, &[(category, name)]));
+            }
+            status.extend(attach_all(
+                &mut ebpf,
+                program::MEM_STALL_END,
+                &[
+                    ("vmscan", "mm_vmscan_direct_reclaim_end"),
+                    ("vmscan", "mm_vmscan_memcg_reclaim_end"),
+                    ("compaction", "mm_compaction_end"),
+                ],
+            ));
         }
         for (program, uprobe) in [
             (program::SLOT, &config.slot_uprobe),

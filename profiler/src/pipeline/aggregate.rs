@@ -72,6 +72,8 @@ pub struct Aggregator {
     interval_log: IntervalStore,
     /// Every madvise call of the target.
     pub madvise_log: Vec<MadviseCall>,
+    /// Every memory stall (reclaim, compaction) of the target's threads.
+    pub mem_stall_log: Vec<profiler_ebpf::MemStall>,
     /// Every futex wait over the minimum.
     pub futex_log: Vec<FutexWait>,
     /// Main-loop iteration starts (`--loop-symbol`).
@@ -151,6 +153,7 @@ impl Aggregator {
             // Slot marks belong to the slot timeline, not the profile.
             Event::SlotMark(_) => {}
             Event::Madvise(m) => self.madvise_log.push(*m),
+            Event::MemStall(m) => self.mem_stall_log.push(*m),
             Event::FutexWait(f) => self.futex_log.push(*f),
             Event::LoopMark(l) => self.loop_marks.push(*l),
             Event::UserRegs(r) => self.user_regs.push(*r),

@@ -82,6 +82,7 @@ pub fn inputs<'a>(
         samples: agg.samples(),
         intervals,
         madvise: &agg.madvise_log,
+        mem_stalls: &agg.mem_stall_log,
         futex: &agg.futex_log,
         loop_marks: &agg.loop_marks,
         short_futex,
