@@ -855,3 +855,160 @@ fn cpu_contention_names_the_hog_on_the_hot_core_and_none_on_the_fixed_twin() {
         let _ = std::fs::remove_dir_all(out.parent().unwrap());
     }
 }
+
+/// Why stall-memory cannot make memory pressure here, if it cannot: its
+/// file must be on a disk filesystem (tmpfs and ramfs pages, a test VM's
+/// whole root, are not reclaimed without swap) and a memory cgroup
+/// controller must be there.
+fn memory_pressure_unavailable() -> Option<String> {
+    let tmp = std::env::temp_dir();
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes()).unwrap();
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Some(format!("cannot statfs {}", tmp.display()));
+    }
+    if st.f_type == 0x0102_1994 || st.f_type == 0x8584_58f6 {
+        return Some(format!(
+            "{} is tmpfs/ramfs (a test VM's root is): file pages there are not reclaimed without swap, \
+             so a memory limit cannot make reclaim and major faults; run natively",
+            tmp.display()
+        ));
+    }
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v1 = cgroups.lines().any(|l| {
+        l.split(':')
+            .nth(1)
+            .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+    });
+    let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"].iter().any(|r| {
+        std::fs::read_to_string(format!("{r}/cgroup.controllers"))
+            .is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"))
+    });
+    (!v1 && !v2).then(|| "no memory cgroup controller (v1 or v2)".to_string())
+}
+
+/// A hot thread over its cgroup's memory limit (stall-memory: a 160 MiB
+/// file read through a mapping under a 48 MiB limit, in every 3rd slot)
+/// makes a MemoryPressure in each pass's slot: cgroup reclaim timed by the
+/// vmscan tracepoints, agreeing with the kernel's own pressure count (PSI
+/// "some" over the pass), and the file page faults the thread counted
+/// (getrusage major faults). No other slot has one unless PSI saw
+/// pressure there. The fixed twin (no limit, the file kept in the page
+/// cache) has none. Both builds: with and without frame pointers.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn memory_pressure_is_found_per_pass_over_the_limit_and_none_on_the_fixed_twin() {
+    let Some(_k) = kernel_with(&[
+        "vmscan:mm_vmscan_memcg_reclaim_begin",
+        "vmscan:mm_vmscan_memcg_reclaim_end",
+    ]) else {
+        return;
+    };
+    if let Some(why) = memory_pressure_unavailable() {
+        skip(Need::Other, why);
+        return;
+    }
+    let opts = ["--slot-source", "clock=400ms,origin=0", "--hot-thread", "hot"];
+    for (build, bin) in [
+        ("fp", stall_program("stall-memory")),
+        ("nofp", without_frame_pointers("stall-memory")),
+    ] {
+        let (out, truth) = record_bin(&format!("memory-{build}"), &opts, &bin, &["--seconds", "6"]);
+        let found = findings(&out, "MemoryPressure");
+        let hot = truth["hot_tid"].as_u64().unwrap();
+        let phases = truth["phases"].as_array().unwrap();
+        assert!(phases.len() >= 3, "{build}: {} passes", phases.len());
+        let psi_in = |slot: u64| -> f64 {
+            truth["slots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| (slot..=slot + 1).contains(&s["slot"].as_u64().unwrap()))
+                .map(|s| s["psi_some_ns"].as_u64().unwrap() as f64 / 1e6)
+                .sum()
+        };
+        let mut pass_slots = Vec::new();
+        for p in phases {
+            let slot = p["start_ns"].as_u64().unwrap() / (truth["slot_ms"].as_u64().unwrap() * 1_000_000);
+            pass_slots.push(slot);
+            let psi_ms = p["psi_some_ns"].as_u64().unwrap() as f64 / 1e6;
+            let majors = p["major_faults"].as_u64().unwrap();
+            let f = found
+                .iter()
+                .find(|f| f["slot"] == slot && f["tid"] == hot)
+                .unwrap_or_else(|| {
+                    panic!("{build}: no MemoryPressure of the hot thread in slot {slot}: {found:?}")
+                });
+            let reclaim = f["magnitudes"]["cgroup_reclaim_ms"].as_f64().unwrap_or(0.0)
+                + f["magnitudes"]["direct_reclaim_ms"].as_f64().unwrap_or(0.0);
+            assert!(
+                row(
+                    "memory pressure",
+                    &format!("{build}: slot {slot}: reclaim timed by slotprof vs the kernel's PSI some"),
+                    &format!("{reclaim:.1} ms vs {psi_ms:.1} ms"),
+                    "> 0 and <= 1.5 x PSI + 2 ms",
+                    reclaim > 0.0 && reclaim <= 1.5 * psi_ms + 2.0
+                ),
+                "{build}: slot {slot}: {f}"
+            );
+            let faults_ms = f["magnitudes"]["file_fault_ms"].as_f64().unwrap_or(0.0);
+            assert!(
+                majors > 0 || faults_ms == 0.0,
+                "{build}: slot {slot}: {faults_ms} ms of file faults, the thread counted no major fault"
+            );
+            eprintln!(
+                "{build}: slot {slot}: {} (the thread's own count: {majors} major faults)",
+                f["explanation"]
+            );
+        }
+        // Precision: elsewhere only where the kernel saw memory pressure.
+        for f in &found {
+            let slot = f["slot"].as_u64().unwrap();
+            if f["tid"] == hot && pass_slots.contains(&slot) {
+                continue;
+            }
+            assert!(
+                psi_in(slot) > 0.0,
+                "{build}: a MemoryPressure where PSI saw none: {f}"
+            );
+            eprintln!(
+                "{build}: pressure of the machine's in slot {slot} (PSI {:.1} ms): {}",
+                psi_in(slot),
+                f["explanation"]
+            );
+        }
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+
+        let (out, twin) = record_bin(
+            &format!("memory-{build}-fixed"),
+            &opts,
+            &bin,
+            &["--seconds", "6", "--limit-mib", "0"],
+        );
+        assert!(twin["phases"].as_array().unwrap().len() >= 3);
+        let found = findings(&out, "MemoryPressure");
+        let unexplained: Vec<_> = found
+            .iter()
+            .filter(|f| {
+                let slot = f["slot"].as_u64().unwrap();
+                twin["slots"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| (slot..=slot + 1).contains(&s["slot"].as_u64().unwrap()))
+                    .all(|s| s["psi_some_ns"] == 0)
+            })
+            .collect();
+        assert!(
+            row(
+                "memory pressure",
+                &format!("{build}: fixed twin: findings where the kernel saw no pressure"),
+                &unexplained.len().to_string(),
+                "0",
+                unexplained.is_empty()
+            ),
+            "{build}: {unexplained:?}"
+        );
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
+}

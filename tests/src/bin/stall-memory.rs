@@ -1,0 +1,303 @@
+//! Memory pressure with a known cause: a hot thread that reads through a
+//! file larger than its cgroup's memory limit in some slots, and the fixed
+//! twin without the limit.
+//!
+//! Slots are the program's own (`--slot-ms`, 400, from CLOCK_MONOTONIC 0,
+//! what `slotprof --slot-source clock=400ms,origin=0` cuts). The process
+//! moves itself into a new memory cgroup under its own (cgroup v2:
+//! `memory.high`; v1: `memory.limit_in_bytes`) of `--limit-mib` (48; 0:
+//! no cgroup, the fixed twin). The `hot` thread iterates every ~1 ms; from
+//! the third slot on, at 100 ms into every `--every`-th slot (3), it
+//! touches every page of a private `--file-mib` (160) file on disk through
+//! a mapping: under the limit the pages the last pass read were reclaimed,
+//! so each pass reads them in again (major faults), charged to the cgroup
+//! and over the limit reclaimed by the hot thread itself (the kernel's
+//! cgroup reclaim). The twin reads the file once before and keeps it in
+//! the page cache: its passes touch memory. The file is made in the temporary
+//! directory, which must be on a disk filesystem (tmpfs pages cannot be
+//! reclaimed without swap: the program says so and exits 3).
+//!
+//! The report: the pids, the hot thread's tid, the cgroup version used,
+//! each pressure phase (`start_ns`, `end_ns`, the kernel's memory pressure
+//! over it: `/proc/pressure/memory` "some" total, in ns, and the thread's
+//! major faults, getrusage) and per slot the
+//! same pressure count (the independent witness of every stall). The
+//! cgroup is removed at exit and the process moved back.
+
+use std::{
+    collections::BTreeMap,
+    hint::black_box,
+    io::Write,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+
+/// `/proc/pressure/memory`'s "some" total, in ns (0 without PSI).
+fn psi_some_ns() -> u64 {
+    std::fs::read_to_string("/proc/pressure/memory")
+        .ok()
+        .and_then(|t| {
+            let some = t.lines().find(|l| l.starts_with("some"))?;
+            let total = some.split_whitespace().find_map(|w| w.strip_prefix("total="))?;
+            total.parse::<u64>().ok()
+        })
+        .map_or(0, |us| us * 1000)
+}
+
+/// The calling thread's major page faults (getrusage).
+fn major_faults() -> u64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    u.ru_majflt as u64
+}
+
+/// The memory cgroup this process is in: (version, its directory).
+fn own_memory_cgroup() -> Option<(u32, PathBuf)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for l in text.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            return dir.is_dir().then_some((1, dir));
+        }
+    }
+    // v2: the unified hierarchy, if it has the memory controller.
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let controllers =
+            std::fs::read_to_string(Path::new(root).join("cgroup.controllers")).unwrap_or_default();
+        if controllers.split_whitespace().any(|c| c == "memory") {
+            return Some((2, Path::new(root).join(path.trim_start_matches('/'))));
+        }
+    }
+    None
+}
+
+/// A cgroup this process moved into, undone on drop.
+struct Cgroup {
+    dir: PathBuf,
+    back: PathBuf,
+    /// `cgroup.subtree_control` of the parent, if memory had to be enabled
+    /// there (put back on drop).
+    enabled_in: Option<PathBuf>,
+}
+
+impl Cgroup {
+    fn enter(version: u32, parent: &Path, limit: u64) -> Result<Cgroup, String> {
+        let dir = parent.join(format!(
+            "slotprof-stall-{}-{}",
+            std::process::id(),
+            monotonic_ns() % 1_000_000
+        ));
+        let mut enabled_in = None;
+        if version == 2 {
+            let control = parent.join("cgroup.subtree_control");
+            let now = std::fs::read_to_string(&control).unwrap_or_default();
+            if !now.split_whitespace().any(|c| c == "memory") {
+                std::fs::write(&control, "+memory").map_err(|e| format!("{}: {e}", control.display()))?;
+                enabled_in = Some(control);
+            }
+        }
+        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut cg = Cgroup {
+            dir: dir.clone(),
+            back: parent.to_path_buf(),
+            enabled_in,
+        };
+        let knob = if version == 2 {
+            "memory.high"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(dir.join(knob), limit.to_string()).map_err(|e| format!("{knob}: {e}"))?;
+        std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+            .map_err(|e| format!("joining {}: {e}", dir.display()))?;
+        cg.back = parent.to_path_buf();
+        Ok(cg)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.back.join("cgroup.procs"), std::process::id().to_string());
+        // The kernel frees the charged page cache lazily: retry briefly.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(c) = &self.enabled_in {
+            let _ = std::fs::write(c, "-memory");
+        }
+    }
+}
+
+/// A private file of `bytes` in `dir`, written, synced, unlinked (the
+/// mapping keeps it), its pages out of the page cache.
+fn big_file(dir: &Path, bytes: usize) -> std::io::Result<std::fs::File> {
+    let path = dir.join(format!(
+        "slotprof-stall-memory-{}-{}",
+        std::process::id(),
+        monotonic_ns()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    let chunk = vec![0x5au8; 1 << 20];
+    for _ in 0..bytes >> 20 {
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()?;
+    Ok(f)
+}
+
+fn drop_cache(fd: i32, bytes: usize) {
+    unsafe { libc::posix_fadvise(fd, 0, bytes as i64, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// Touches every page of the mapping (the pressure the finding must show).
+#[inline(never)]
+fn read_through_mapping(map: *const u8, bytes: usize) -> u64 {
+    let mut sum = 0u64;
+    for off in (0..bytes).step_by(4096) {
+        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(map.add(off)) } as u64);
+    }
+    black_box(sum)
+}
+
+#[inline(never)]
+fn hot_iteration(i: u64) -> u64 {
+    let end = monotonic_ns() + 500_000;
+    let mut x = i;
+    while monotonic_ns() < end {
+        x = black_box(x.rotate_left(5) ^ 0x9e37_79b9);
+    }
+    std::thread::sleep(Duration::from_micros(500));
+    x
+}
+
+fn main() {
+    let flags = Flags::from_env();
+    let run_for = flags.secs("seconds", 8.0).as_nanos() as u64;
+    let slot_ns = (flags.num("slot-ms", 400.0) * 1e6) as u64;
+    let every = flags.num("every", 3.0) as u64;
+    let limit = (flags.num("limit-mib", 48.0) as u64) << 20;
+    let bytes = (flags.num("file-mib", 160.0) as usize) << 20;
+    let tmp = std::env::temp_dir();
+    let fs_type = {
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes()).unwrap();
+        unsafe { libc::statfs(c.as_ptr(), &mut st) };
+        st.f_type
+    };
+    // TMPFS_MAGIC, RAMFS_MAGIC: pages there are not reclaimed without swap.
+    if fs_type == 0x0102_1994 || fs_type == 0x8584_58f6 {
+        eprintln!(
+            "stall-memory: {} is tmpfs/ramfs: its pages cannot be reclaimed without swap; set TMPDIR to a disk filesystem",
+            tmp.display()
+        );
+        std::process::exit(3);
+    }
+    // Written before the cgroup is joined (its writing is not the
+    // pressure measured), synced and dropped from the page cache.
+    let file = big_file(&tmp, bytes).expect("the big file");
+    drop_cache(file.as_raw_fd(), bytes);
+    let cgroup = if limit > 0 {
+        let Some((version, parent)) = own_memory_cgroup() else {
+            eprintln!("stall-memory: no memory cgroup controller (v1 or v2) to limit the program with");
+            std::process::exit(3);
+        };
+        match Cgroup::enter(version, &parent, limit) {
+            Ok(c) => Some((version, c)),
+            Err(e) => {
+                eprintln!("stall-memory: cannot make a memory cgroup: {e} (run as root)");
+                std::process::exit(3);
+            }
+        }
+    } else {
+        None
+    };
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    let map_addr = map as usize;
+    if limit == 0 {
+        // The fixed twin has the memory: its file is read once, before,
+        // and stays in the page cache.
+        read_through_mapping(map as *const u8, bytes);
+    }
+    let start = monotonic_ns();
+    let end = start + run_for;
+    let first = start / slot_ns + 2;
+    let hot = std::thread::spawn(move || {
+        name_thread("hot");
+        let tid = unsafe { libc::gettid() } as u32;
+        let mut phases = Vec::new();
+        let mut psi: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut last_psi = psi_some_ns();
+        let mut next = first;
+        let mut i = 0u64;
+        while monotonic_ns() < end {
+            let now = monotonic_ns();
+            if now >= next * slot_ns + 100_000_000 && now < (next + 1) * slot_ns - 100_000_000 {
+                let (from, psi0, maj0) = (monotonic_ns(), psi_some_ns(), major_faults());
+                read_through_mapping(map_addr as *const u8, bytes);
+                let (to, psi1, maj1) = (monotonic_ns(), psi_some_ns(), major_faults());
+                phases.push((next, from, to, psi1 - psi0, maj1 - maj0));
+                next += every;
+            } else if now >= (next + 1) * slot_ns {
+                next += every;
+            }
+            black_box(hot_iteration(i));
+            i += 1;
+            let p = psi_some_ns();
+            *psi.entry(monotonic_ns() / slot_ns).or_default() += p - last_psi;
+            last_psi = p;
+        }
+        (tid, phases, psi)
+    });
+    let (tid, phases, psi) = hot.join().expect("the hot thread");
+    unsafe { libc::munmap(map, bytes) };
+    drop(file);
+    let version = cgroup.as_ref().map_or(0, |c| c.0);
+    drop(cgroup);
+    let phases: Vec<String> = phases
+        .iter()
+        .map(|(slot, a, b, p, m)| {
+            format!(
+                "{{\"slot\":{slot},\"start_ns\":{a},\"end_ns\":{b},\"psi_some_ns\":{p},\"major_faults\":{m}}}"
+            )
+        })
+        .collect();
+    let slots: Vec<String> = psi
+        .iter()
+        .map(|(s, p)| format!("{{\"slot\":{s},\"psi_some_ns\":{p}}}"))
+        .collect();
+    write_report(
+        &flags,
+        &format!(
+            "{{\"pid\":{},\"hot_tid\":{tid},\"cgroup_version\":{version},\"limit_bytes\":{limit},\
+             \"file_bytes\":{bytes},\"slot_ms\":{},\"phases\":[{}],\"slots\":[{}]}}",
+            std::process::id(),
+            slot_ns / 1_000_000,
+            phases.join(","),
+            slots.join(",")
+        ),
+    );
+}
