@@ -188,6 +188,12 @@ async fn handle_http(
     stream.shutdown().await
 }
 
+/// The block the fixture serves for `slot`: (transactions, compute units).
+pub fn block_of(slot: u64) -> (u64, u64) {
+    let txs = slot % 5 + 1;
+    (txs, txs * 1000)
+}
+
 /// The JSON-RPC answer to one request, in Agave's shapes.
 pub fn answer(req: &Value, chain: &ChainConfig, slot: u64) -> Value {
     let id = req.get("id").cloned().unwrap_or(Value::Null);
@@ -204,6 +210,20 @@ pub fn answer(req: &Value, chain: &ChainConfig, slot: u64) -> Value {
             "slotsInEpoch": chain.slots_in_epoch,
             "transactionCount": slot * 1000,
         }),
+        // A block per slot up to the current one, of (slot % 5) + 1
+        // transactions, each of 1000 compute units (what `block_of` says).
+        Some("getBlock") => {
+            let want = req["params"][0].as_u64().unwrap_or(u64::MAX);
+            if want > slot {
+                return json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32004,
+                    "message": format!("Block not available for slot {want}")}});
+            }
+            let (txs, _) = block_of(want);
+            let txs: Vec<Value> = (0..txs)
+                .map(|_| json!({"meta": {"err": null, "fee": 5000, "computeUnitsConsumed": 1000}, "transaction": ["", "base64"]}))
+                .collect();
+            json!({"blockHeight": want, "parentSlot": want.saturating_sub(1), "transactions": txs})
+        }
         Some("getLeaderSchedule") => {
             let (k, m) = chain.leader;
             let indices: Vec<u64> = (0..chain.slots_in_epoch).filter(|i| i % m < k).collect();

@@ -219,11 +219,7 @@ fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding 
         .collect();
     let stack = a
         .longest
-        .map(|i| {
-            let mut s = names(i.key.tgid, i.key.user_stack_id, false);
-            s.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
-            s
-        })
+        .map(|i| super::interval_stack(&i, names))
         .unwrap_or_default();
     Finding {
         kind: FindingKind::CpuContention,

@@ -259,11 +259,7 @@ fn cause_stack(
             named.pop().map(|(_, f)| f).unwrap_or_default()
         }
         _ => match biggest_block {
-            Some((_, i)) => {
-                let mut f = names(i.key.tgid, i.key.user_stack_id, false);
-                f.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
-                f
-            }
+            Some((_, i)) => super::interval_stack(i, names),
             None => Vec::new(),
         },
     }

@@ -131,8 +131,10 @@ impl std::str::FromStr for LoopThread {
     }
 }
 
-/// Detector settings (CLI flags).
+/// Detector settings (CLI flags). A recording made before a setting
+/// existed reads it as its default.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct DetectorConfig {
     /// The main-loop thread, if named; else the thread that calls the
     /// loop symbol, if given.
@@ -280,6 +282,14 @@ pub const EVENT_DETECTORS: [(FindingKind, Detect); 5] = [
     (FindingKind::CpuContention, cpu_contention::detect),
     (FindingKind::MemoryPressure, memory_pressure::detect),
 ];
+
+/// An off-CPU interval's whole stack, root first: its user part, then
+/// its kernel part.
+pub(crate) fn interval_stack(i: &Interval, names: &mut NameStack) -> Vec<String> {
+    let mut s = names(i.key.tgid, i.key.user_stack_id, false);
+    s.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
+    s
+}
 
 /// Overlap of `[a0, a1)` and `[b0, b1)` in ns.
 pub(crate) fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {

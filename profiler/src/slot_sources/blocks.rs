@@ -110,8 +110,11 @@ pub struct Counts {
     /// Calls that failed or answers refused (after the retries).
     pub failed: AtomicU64,
     /// Slots not asked for: the queue was full (the RPC slower than the
-    /// budget) or the block never became available.
+    /// budget), the block never became available, or the target exited
+    /// before their blocks were confirmed.
     pub dropped: AtomicU64,
+    /// Slots queued and not yet done.
+    pub pending: AtomicU64,
 }
 
 /// At most this many `getBlock` calls a second: the budget (the node
@@ -148,14 +151,15 @@ impl Fetcher {
         }
     }
 
-    /// No more slots: the ones asked for are fetched, for up to `within`
+    /// No more slots: the ones queued are fetched, for up to `within`
     /// (their blocks confirm seconds after the slot); the rest are counted
-    /// as not asked.
-    /// Returns the summary line.
+    /// as not asked. Returns the summary line.
     pub async fn finish(mut self, within: Duration) -> String {
         self.tx = None;
         if tokio::time::timeout(within, &mut self.task).await.is_err() {
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            self.task.abort();
+            let left = self.counts.pending.swap(0, Ordering::Relaxed);
+            self.counts.dropped.fetch_add(left, Ordering::Relaxed);
         }
         self.summary()
     }
@@ -167,7 +171,9 @@ impl Fetcher {
             .tx
             .as_ref()
             .is_some_and(|tx| tx.try_send((slot, tokio::time::Instant::now())).is_ok());
-        if !sent {
+        if sent {
+            self.counts.pending.fetch_add(1, Ordering::Relaxed);
+        } else {
             self.counts.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -226,10 +232,13 @@ async fn fetch(
             "maxSupportedTransactionVersion": 0,
             "commitment": "confirmed",
         }]);
-        let answer = rpc
-            .call_raw("getBlock", params, BLOCK_ANSWER)
-            .await
-            .and_then(|body| outcome_from_answer(slot, &body));
+        // Unreachable or silent (the node restarting): asked again, like a
+        // block not yet available; an answer of the wrong shape is not.
+        let (answer, retry) = match rpc.call_raw("getBlock", params, BLOCK_ANSWER).await {
+            Ok(body) => (outcome_from_answer(slot, &body), false),
+            Err(e) => (Err(e), true),
+        };
+        let retry = retry || matches!(answer, Ok(None));
         match answer {
             Ok(Some(o)) => {
                 let c = if o.skipped {
@@ -246,10 +255,12 @@ async fn fetch(
                     }
                 }
             }
-            Ok(None) if tries + 1 < TRIES => {
+            _ if retry && tries + 1 < TRIES => {
                 let again = tokio::time::Instant::now() + Duration::from_secs(1);
                 let at = due.partition_point(|d| d.1 <= again);
                 due.insert(at, (slot, again, tries + 1));
+                tokio::time::sleep(gap).await;
+                continue;
             }
             Ok(None) => {
                 counts.dropped.fetch_add(1, Ordering::Relaxed);
@@ -262,6 +273,7 @@ async fn fetch(
                 }
             }
         }
+        counts.pending.fetch_sub(1, Ordering::Relaxed);
         tokio::time::sleep(gap).await;
     }
 }

@@ -478,8 +478,8 @@ async fn follow(
     lost_before: &mut HashMap<String, u64>,
 ) -> anyhow::Result<End> {
     let mut f = Follow::start(config, &target, snapshot)?;
-    // Attached until this function returns, however it returns.
-    let _attached = Attached(snapshot.clone());
+    // Attached until the probes are gone, however this function returns.
+    let attached = Attached(snapshot.clone());
     crate::sd_notify::notify(&format!(
         "READY=1\nSTATUS=profiling {} (pid {}); export in {}",
         target.comm,
@@ -530,8 +530,17 @@ async fn follow(
         }
     };
     f.finish(&mut chunk, lost_before)?;
+    // Detached now, in /metrics too; the last blocks' outcomes are waited
+    // for after that (their slots confirm seconds after they end).
+    drop(attached);
     if let Some(b) = blocks {
-        eprintln!("slotprof: {}", b.finish(Duration::from_secs(6)).await);
+        // A target that exited took its RPC with it, most likely: its last
+        // slots are counted as not asked. Stopping waits for them.
+        let within = match end {
+            End::TargetExited => Duration::ZERO,
+            _ => Duration::from_secs(6),
+        };
+        eprintln!("slotprof: {}", b.finish(within).await);
     }
     Ok(end)
 }
