@@ -221,8 +221,9 @@ pub struct DetectorArgs {
     /// A main-loop iteration longer than this is a gap.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     pub gap_threshold: Duration,
-    /// A thread whose madvise purges matter (repeatable); the loop thread
-    /// always does. Default: the process's main thread.
+    /// A thread whose every stall matters (repeatable): its madvise purges,
+    /// lock waits, waits for a CPU and page waits; the loop thread always
+    /// does. Default for purges: the process's main thread.
     #[arg(long, value_name = "NAME")]
     pub hot_thread: Vec<String>,
     /// madvise time per hot thread per slot that makes a SyncAllocatorPurge.
