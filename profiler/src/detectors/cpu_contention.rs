@@ -32,21 +32,21 @@ pub enum RunnerClass {
     OtherProcess,
     /// A thread of the target.
     SameProcess,
-    /// The idle task: the CPU was free, the thread was just not on it yet
-    /// (not counted as contention; see the module's comment).
-    IdleCpu,
 }
 
 impl RunnerClass {
-    pub fn of(r: &Runner, pid: u32) -> Self {
+    /// The class of the task that had the CPU; `None` for the idle task (the
+    /// CPU was free, the thread was just not on it yet: not contention, see
+    /// the module's comment).
+    pub fn of(r: &Runner, pid: u32) -> Option<Self> {
         if r.tid == 0 {
-            RunnerClass::IdleCpu
+            None
         } else if r.kthread {
-            RunnerClass::KernelThread
+            Some(RunnerClass::KernelThread)
         } else if r.tgid == pid {
-            RunnerClass::SameProcess
+            Some(RunnerClass::SameProcess)
         } else {
-            RunnerClass::OtherProcess
+            Some(RunnerClass::OtherProcess)
         }
     }
 
@@ -55,7 +55,6 @@ impl RunnerClass {
             RunnerClass::KernelThread => "a kernel thread",
             RunnerClass::OtherProcess => "another process",
             RunnerClass::SameProcess => "the process's own threads",
-            RunnerClass::IdleCpu => "an idle CPU",
         }
     }
 
@@ -64,7 +63,6 @@ impl RunnerClass {
             RunnerClass::KernelThread => "kernel_thread_ms",
             RunnerClass::OtherProcess => "other_process_ms",
             RunnerClass::SameProcess => "same_process_ms",
-            RunnerClass::IdleCpu => "idle_wakeup_ms",
         }
     }
 
@@ -92,10 +90,6 @@ impl RunnerClass {
                 "the process's own thread {top} ran instead: more busy threads than cores; pin the \
                  hot thread to a core of its own (e.g. --poh-pinned-cpu-core) or cap the thread pools"
             ),
-            RunnerClass::IdleCpu => "the core was idle when the thread got it: the wait was the \
-                 wakeup reaching the CPU (deep C-states: limit them; on a VM: the host's steal, \
-                 see the hypervisor's CPU ready time)"
-                .into(),
         }
     }
 }
@@ -145,7 +139,7 @@ pub fn detect(
         };
         let a = acc.entry((bucket, i.key.tid)).or_default();
         a.slot = slot;
-        if RunnerClass::of(&i.ran, inputs.pid) == RunnerClass::IdleCpu {
+        if RunnerClass::of(&i.ran, inputs.pid).is_none() {
             a.idle_ns += ns;
             continue;
         }
@@ -173,28 +167,33 @@ pub fn detect(
 }
 
 fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding {
-    let mut ran: Vec<RanInstead> = a
-        .by_runner
-        .iter()
-        .map(|(r, &(waits, ns))| RanInstead {
+    // Idle-CPU waits never reach `by_runner` (`detect` counts them apart).
+    let classed = || {
+        a.by_runner
+            .iter()
+            .filter_map(|(r, v)| Some((r, RunnerClass::of(r, inputs.pid)?, v)))
+    };
+    let mut ran: Vec<RanInstead> = classed()
+        .map(|(r, class, &(waits, ns))| RanInstead {
             comm: crate::kernel::events::comm_str(&r.comm),
             pid: r.tgid,
             tid: r.tid,
-            class: RunnerClass::of(r, inputs.pid),
+            class,
             waits,
             ms: ms(ns),
         })
         .collect();
     ran.sort_by(|x, y| y.ms.total_cmp(&x.ms).then(x.tid.cmp(&y.tid)));
     let mut by_class: BTreeMap<RunnerClass, u64> = BTreeMap::new();
-    for (r, &(_, ns)) in &a.by_runner {
-        *by_class.entry(RunnerClass::of(r, inputs.pid)).or_default() += ns;
+    for (_, class, &(_, ns)) in classed() {
+        *by_class.entry(class).or_default() += ns;
     }
+    // A finding has at least one counted wait, so at least one class.
     let top_class = by_class
         .iter()
         .max_by_key(|(c, ns)| (**ns, std::cmp::Reverse(**c)))
         .map(|(c, _)| *c)
-        .unwrap_or(RunnerClass::IdleCpu);
+        .unwrap_or(RunnerClass::OtherProcess);
     let top = ran
         .iter()
         .find(|r| r.class == top_class)

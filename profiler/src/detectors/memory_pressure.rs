@@ -212,11 +212,7 @@ fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding 
             parts.push(format!("{} {:.1} ms", p.label(), ms(ns)));
         }
     }
-    let thread = match inputs.thread_names.get(&tid) {
-        Some(n) => n.clone(),
-        None if !a.comm.is_empty() => a.comm.clone(),
-        None => format!("tid {tid}"),
-    };
+    let thread = inputs.thread_name_or(tid, &a.comm);
     let stack = a
         .longest
         .map(|i| super::interval_stack(&i, names))

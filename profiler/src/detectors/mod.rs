@@ -211,10 +211,17 @@ impl<'a> Inputs<'a> {
     }
 
     pub(crate) fn thread_name(&self, tid: u32) -> String {
-        self.thread_names
-            .get(&tid)
-            .cloned()
-            .unwrap_or_else(|| format!("tid {tid}"))
+        self.thread_name_or(tid, "")
+    }
+
+    /// The thread's name, else `comm` (a name the record itself carried,
+    /// for a thread that left before the names were read), else its tid.
+    pub(crate) fn thread_name_or(&self, tid: u32, comm: &str) -> String {
+        match self.thread_names.get(&tid) {
+            Some(n) => n.clone(),
+            None if !comm.is_empty() => comm.to_string(),
+            None => format!("tid {tid}"),
+        }
     }
 
     /// Threads whose every stall counts: `--hot-thread` names and the

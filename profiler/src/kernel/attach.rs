@@ -40,11 +40,9 @@ pub fn attach(
 ) -> anyhow::Result<Attached> {
     // The slot source runs beside the session and logs what it sees.
     let slot_log = SharedSlotLog::default();
-    let source_task = match slot_source {
-        Some(SlotSourceSpec::Rpc(ep)) | Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => {
-            Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?)
-        }
-        _ => None,
+    let source_task = match slot_source.and_then(SlotSourceSpec::rpc) {
+        Some(ep) => Some(rpc::follow_in_background(ep.clone(), slot_log.clone())?),
+        None => None,
     };
     let loop_uprobe = match loop_symbol {
         Some((setting, function)) => {

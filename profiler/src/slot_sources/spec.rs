@@ -40,6 +40,16 @@ pub enum SlotNumbers {
     FirstArgument,
 }
 
+impl SlotSourceSpec {
+    /// The node's RPC endpoint, when the source has one.
+    pub fn rpc(&self) -> Option<&crate::slot_sources::rpc::RpcEndpoint> {
+        match self {
+            SlotSourceSpec::Rpc(ep) | SlotSourceSpec::Uprobe { rpc: Some(ep), .. } => Some(ep),
+            _ => None,
+        }
+    }
+}
+
 impl FromStr for SlotSourceSpec {
     type Err = String;
 

@@ -28,6 +28,14 @@ use std::{
 
 use slotprof_tests::{monotonic_ns, name_thread, run_delay_ns, write_report, Flags};
 
+// The hot thread's iteration is the main loop's of the other stall
+// programs (its lock helpers are not used here).
+#[allow(dead_code)]
+#[path = "../stall_loop.rs"]
+mod stall_loop;
+
+use stall_loop::stall_loop_iteration;
+
 fn pin(cpu: usize) {
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     unsafe { libc::CPU_SET(cpu, &mut set) };
@@ -39,20 +47,6 @@ fn pin(cpu: usize) {
         );
         std::process::exit(2);
     }
-}
-
-/// One iteration of the hot thread.
-#[inline(never)]
-fn hot_iteration(i: u64) -> u64 {
-    let end = monotonic_ns() + 500_000;
-    let mut x = i;
-    while monotonic_ns() < end {
-        for _ in 0..500 {
-            x = black_box(x.rotate_left(3) ^ x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        }
-    }
-    std::thread::sleep(Duration::from_micros(500));
-    x
 }
 
 /// The hog: real-time, on `cpu`, a burst of `burst` ns at 150 ms into every
@@ -131,7 +125,7 @@ fn main() {
         let mut last = run_delay_ns();
         let mut i = 0u64;
         while monotonic_ns() < end {
-            black_box(hot_iteration(i));
+            black_box(stall_loop_iteration(i));
             i += 1;
             let now_delay = run_delay_ns();
             *delay.entry(monotonic_ns() / slot_ns).or_default() += now_delay - last;

@@ -35,6 +35,14 @@ use std::{
 
 use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
 
+// The hot thread's iteration is the main loop's of the other stall
+// programs (its lock helpers are not used here).
+#[allow(dead_code)]
+#[path = "../stall_loop.rs"]
+mod stall_loop;
+
+use stall_loop::stall_loop_iteration;
+
 /// `/proc/pressure/memory`'s "some" total, in ns (0 without PSI).
 fn psi_some_ns() -> u64 {
     std::fs::read_to_string("/proc/pressure/memory")
@@ -103,7 +111,7 @@ impl Cgroup {
             }
         }
         std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut cg = Cgroup {
+        let cg = Cgroup {
             dir: dir.clone(),
             back: parent.to_path_buf(),
             enabled_in,
@@ -116,7 +124,6 @@ impl Cgroup {
         std::fs::write(dir.join(knob), limit.to_string()).map_err(|e| format!("{knob}: {e}"))?;
         std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
             .map_err(|e| format!("joining {}: {e}", dir.display()))?;
-        cg.back = parent.to_path_buf();
         Ok(cg)
     }
 }
@@ -171,17 +178,6 @@ fn read_through_mapping(map: *const u8, bytes: usize) -> u64 {
         sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(map.add(off)) } as u64);
     }
     black_box(sum)
-}
-
-#[inline(never)]
-fn hot_iteration(i: u64) -> u64 {
-    let end = monotonic_ns() + 500_000;
-    let mut x = i;
-    while monotonic_ns() < end {
-        x = black_box(x.rotate_left(5) ^ 0x9e37_79b9);
-    }
-    std::thread::sleep(Duration::from_micros(500));
-    x
 }
 
 fn main() {
@@ -264,7 +260,7 @@ fn main() {
             } else if now >= (next + 1) * slot_ns {
                 next += every;
             }
-            black_box(hot_iteration(i));
+            black_box(stall_loop_iteration(i));
             i += 1;
             let p = psi_some_ns();
             *psi.entry(monotonic_ns() / slot_ns).or_default() += p - last_psi;

@@ -548,11 +548,7 @@ async fn follow(
 /// The block-outcome fetcher, when the slot source has the node's RPC and
 /// the configuration wants outcomes.
 fn block_fetcher(config: &Config) -> Option<crate::slot_sources::blocks::Fetcher> {
-    let ep = match &config.spec.slot_source {
-        Some(SlotSourceSpec::Rpc(ep)) => ep,
-        Some(SlotSourceSpec::Uprobe { rpc: Some(ep), .. }) => ep,
-        _ => return None,
-    };
+    let ep = config.spec.slot_source.as_ref()?.rpc()?;
     config
         .block_outcomes
         .then(|| crate::slot_sources::blocks::Fetcher::start(ep.clone(), config.export_dir.clone()))
@@ -661,12 +657,7 @@ impl Follow {
 
     /// Whether the slot source is giving slots (a clock always is).
     fn source_healthy(&self) -> bool {
-        match &self.slot_source {
-            SlotSourceSpec::Rpc(_) | SlotSourceSpec::Uprobe { rpc: Some(_), .. } => {
-                self.slot_log.lock().unwrap().healthy
-            }
-            _ => true,
-        }
+        self.slot_source.rpc().is_none() || self.slot_log.lock().unwrap().healthy
     }
 
     /// Every tick: the queue drained, finished slots processed and
