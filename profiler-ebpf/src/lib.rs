@@ -86,6 +86,8 @@ pub enum EventKind {
     KernelStack = 10,
     /// [`MemStall`].
     MemStall = 11,
+    /// [`CacheWork`].
+    CacheWork = 12,
 }
 
 /// A thread of the target stalled in the kernel's memory management:
@@ -120,6 +122,50 @@ pub mod mem_stall {
     /// compaction:mm_compaction_begin/end in the thread's own context:
     /// direct compaction for a higher-order allocation.
     pub const DIRECT_COMPACTION: u32 = 3;
+}
+
+/// A thread of the target did program-cache work: one call of a probed
+/// function of the runtime's program cache (loading, verifying,
+/// JIT-compiling or evicting programs), from its entry (uprobe) to its
+/// return (uretprobe), outermost calls only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CacheWork {
+    /// [`EventKind::CacheWork`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// [`cache_work`]: which (the uprobe's attach cookie).
+    pub what: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// [`CacheWork::what`], the cookie of each program-cache uprobe.
+pub mod cache_work {
+    /// Parsing and relocating a program's ELF (`Executable::load`).
+    pub const LOAD: u32 = 1;
+    /// Verifying its bytecode (`RequisiteVerifier::verify`).
+    pub const VERIFY: u32 = 2;
+    /// JIT-compiling it (`Executable::jit_compile`).
+    pub const JIT: u32 = 3;
+    /// Evicting or pruning cache entries.
+    pub const EVICT: u32 = 4;
+    /// Kinds are below this (the per-thread start map's key has room).
+    pub const KINDS: u32 = 5;
+}
+
+/// Where a thread's program-cache call began, and how deep it is inside
+/// calls of the same kind (per thread and kind).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheWorkStart {
+    pub start_ns: u64,
+    pub depth: u32,
+    pub _pad: u32,
 }
 
 /// Where a thread's memory stall began (per-thread map).
@@ -888,8 +934,10 @@ pub mod names {
         pub const CGROUP_RECLAIM_BEGIN: &str = "slotprof_cgroup_reclaim_begin";
         pub const DIRECT_COMPACTION_BEGIN: &str = "slotprof_direct_compaction_begin";
         pub const MEM_STALL_END: &str = "slotprof_mem_stall_end";
+        pub const CACHE_ENTER: &str = "slotprof_cache_enter";
+        pub const CACHE_EXIT: &str = "slotprof_cache_exit";
         /// Every program of the object.
-        pub const ALL: [&str; 25] = [
+        pub const ALL: [&str; 27] = [
             SWITCH,
             WAKING,
             SYS_ENTER,
@@ -915,6 +963,8 @@ pub mod names {
             CGROUP_RECLAIM_BEGIN,
             DIRECT_COMPACTION_BEGIN,
             MEM_STALL_END,
+            CACHE_ENTER,
+            CACHE_EXIT,
         ];
     }
 
@@ -930,7 +980,8 @@ pub mod names {
         pub const USER_STACK_TOP: &str = "USER_STACK_TOP";
         pub const USER_STACK_SCRATCH: &str = "USER_STACK_SCRATCH";
         /// Used by the programs only.
-        pub const KERNEL_ONLY: [&str; 8] = [
+        pub const KERNEL_ONLY: [&str; 9] = [
+            "CACHE_WORK_START",
             "CPU_RUNS_MAP",
             "HOST_STACKS",
             "IRQ_NESTING",

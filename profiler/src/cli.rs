@@ -252,6 +252,16 @@ pub struct DetectorArgs {
     /// waiting for a page, per slot, that makes a MemoryPressure.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     pub memory_stall_threshold: Duration,
+    /// Time a thread spent loading, verifying, JIT-compiling or evicting
+    /// programs in the runtime's program cache, per slot, that makes a
+    /// ProgramCache.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub program_cache_threshold: Duration,
+    /// Probe the program cache's functions in the target's executable
+    /// (uprobes, found by name per Agave release): auto when it has them,
+    /// on (fail without them), off.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub program_cache: crate::kernel::program_cache::Mode,
 }
 
 impl ProfileArgs {
@@ -264,6 +274,7 @@ impl ProfileArgs {
             stack_repeat: self.stack_repeat,
             slot_source: self.slot_source.clone(),
             loop_symbol: self.detectors.loop_symbol.clone(),
+            program_cache: self.detectors.program_cache,
             detectors: self.detectors.config(self.freq),
             phase_probe: self.phase.config()?,
         })
@@ -281,6 +292,7 @@ impl DetectorArgs {
             lock_threshold_ns: self.lock_threshold.as_nanos() as u64,
             cpu_wait_threshold_ns: self.cpu_wait_threshold.as_nanos() as u64,
             memory_stall_threshold_ns: self.memory_stall_threshold.as_nanos() as u64,
+            program_cache_threshold_ns: self.program_cache_threshold.as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / freq_hz.max(1),
             topology: self.topology.clone(),
             pingpong_threshold: self.pingpong_threshold,

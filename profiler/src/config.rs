@@ -107,6 +107,8 @@ struct DetectorsSection {
     lock_threshold: String,
     cpu_wait_threshold: String,
     memory_stall_threshold: String,
+    program_cache_threshold: String,
+    program_cache: crate::kernel::program_cache::Mode,
     pingpong_threshold: f64,
 }
 
@@ -121,6 +123,8 @@ impl Default for DetectorsSection {
             lock_threshold: "10ms".into(),
             cpu_wait_threshold: "5ms".into(),
             memory_stall_threshold: "5ms".into(),
+            program_cache_threshold: "5ms".into(),
+            program_cache: crate::kernel::program_cache::Mode::Auto,
             pingpong_threshold: 0.05,
         }
     }
@@ -290,6 +294,11 @@ impl Config {
                 &f.detectors.memory_stall_threshold,
             )?
             .as_nanos() as u64,
+            program_cache_threshold_ns: dur(
+                "detectors.program_cache_threshold",
+                &f.detectors.program_cache_threshold,
+            )?
+            .as_nanos() as u64,
             sample_period_ns: 1_000_000_000 / f.sampling.frequency_hz.max(1),
             topology: None,
             pingpong_threshold: f.detectors.pingpong_threshold,
@@ -302,6 +311,7 @@ impl Config {
                 stack_repeat: dur("sampling.stack_repeat", &f.sampling.stack_repeat)?,
                 slot_source,
                 loop_symbol: f.detectors.loop_symbol.clone(),
+                program_cache: f.detectors.program_cache,
                 detectors,
                 phase_probe,
             },

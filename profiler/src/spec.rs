@@ -22,6 +22,9 @@ pub struct ProfileSpec {
     /// The main loop's per-iteration function (`--loop-symbol`,
     /// `detectors.loop_symbol`), in the target's executable.
     pub loop_symbol: Option<String>,
+    /// Whether to probe the program cache (`--program-cache`,
+    /// `detectors.program_cache`).
+    pub program_cache: crate::kernel::program_cache::Mode,
     pub detectors: DetectorConfig,
     /// The guest-side phase probe, when on.
     pub phase_probe: Option<ProbeConfig>,

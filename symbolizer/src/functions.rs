@@ -167,6 +167,61 @@ pub fn find(path: &Path, wanted: &str) -> anyhow::Result<FoundFunction> {
     Ok(FoundFunction { name, file_offset })
 }
 
+/// Every function in `path` that each of `wanted` names (as [`find`]
+/// matches them), all of them: a generic function has one copy per
+/// monomorphization (and per codegen unit that instantiated it), each an
+/// address of its own. By address, one entry per address and name.
+pub fn find_each(path: &Path, wanted: &[&str]) -> anyhow::Result<Vec<Vec<FoundFunction>>> {
+    let data = read_cache(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file =
+        object::File::parse(&data).with_context(|| format!("{} is not an ELF file", path.display()))?;
+    let mut found: Vec<Vec<(u64, String)>> = vec![Vec::new(); wanted.len()];
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(raw) = sym.name() else { continue };
+        // Cheap first: the function's own name must be in the symbol.
+        if !wanted
+            .iter()
+            .any(|w| raw.contains(w.rsplit("::").next().unwrap_or(w)))
+        {
+            continue;
+        }
+        let name = demangle(raw);
+        for (i, w) in wanted.iter().enumerate() {
+            if raw == *w || matches(&name, w) {
+                found[i].push((sym.address(), name.clone()));
+            }
+        }
+    }
+    let segments: Vec<(u64, u64, u64)> = file
+        .segments()
+        .map(|seg| {
+            let (off, fsize) = seg.file_range();
+            (seg.address(), seg.size().min(fsize), off)
+        })
+        .collect();
+    Ok(found
+        .into_iter()
+        .map(|mut v| {
+            v.sort();
+            v.dedup_by_key(|(addr, _)| *addr);
+            v.into_iter()
+                .filter_map(|(addr, name)| {
+                    let (start, _, off) = segments
+                        .iter()
+                        .find(|(start, size, _)| addr >= *start && addr < start + size)?;
+                    Some(FoundFunction {
+                        name,
+                        file_offset: addr - start + off,
+                    })
+                })
+                .collect()
+        })
+        .collect())
+}
+
 /// The data symbol (a global in .data/.bss) of the ELF file `path`,
 /// mapped with its offset-0 segment at `base`, that holds `addr`:
 /// `name+0xoff`.

@@ -1,5 +1,6 @@
 //! Maps and settings shared by the probes; one file per event source.
 
+mod cache_work;
 mod cpu_sampling;
 mod host;
 mod mem_stall;
@@ -214,6 +215,12 @@ fn clear_exit_hint(tid: u32) {
 /// Target threads inside a memory stall (reclaim, compaction), by tid.
 #[map]
 static MEM_STALL_START: LruHashMap<u32, profiler_ebpf::MemStallStart> =
+    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
+/// Target threads inside a probed program-cache call, by tid and kind
+/// (`tid << 8 | kind`).
+#[map]
+static CACHE_WORK_START: LruHashMap<u64, profiler_ebpf::CacheWorkStart> =
     LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
 /// Target threads inside madvise(2), by tid.

@@ -19,12 +19,13 @@ pub mod kvm_mmu_invalidation;
 pub mod lock_contention;
 pub mod main_loop_gap;
 pub mod memory_pressure;
+pub mod program_cache;
 pub mod sync_allocator_purge;
 
 use crate::slots::Buckets;
 use std::collections::{BTreeMap, HashMap};
 
-use profiler_ebpf::{FutexWait, LoopMark, MadviseCall, MemStall};
+use profiler_ebpf::{CacheWork, FutexWait, LoopMark, MadviseCall, MemStall};
 use serde::Serialize;
 
 use crate::records::{Interval, StackKey};
@@ -47,19 +48,23 @@ pub enum FindingKind {
     /// A thread stalled reclaiming or compacting memory, or waiting for a
     /// page ([`memory_pressure`]).
     MemoryPressure,
+    /// A thread loading, verifying, JIT-compiling or evicting programs in
+    /// the runtime's program cache ([`program_cache`]).
+    ProgramCache,
     /// An allocator returning memory on a hot thread ([`sync_allocator_purge`]).
     SyncAllocatorPurge,
 }
 
 impl FindingKind {
     /// Every kind, in order.
-    pub const ALL: [FindingKind; 7] = [
+    pub const ALL: [FindingKind; 8] = [
         FindingKind::CacheLinePingPong,
         FindingKind::CpuContention,
         FindingKind::KvmMmuInvalidation,
         FindingKind::LockContention,
         FindingKind::MainLoopGap,
         FindingKind::MemoryPressure,
+        FindingKind::ProgramCache,
         FindingKind::SyncAllocatorPurge,
     ];
 
@@ -71,6 +76,7 @@ impl FindingKind {
             FindingKind::LockContention => "LockContention",
             FindingKind::MainLoopGap => "MainLoopGap",
             FindingKind::MemoryPressure => "MemoryPressure",
+            FindingKind::ProgramCache => "ProgramCache",
             FindingKind::SyncAllocatorPurge => "SyncAllocatorPurge",
         }
     }
@@ -152,6 +158,8 @@ pub struct DetectorConfig {
     pub cpu_wait_threshold_ns: u64,
     /// Memory-stall time per thread per slot that makes a MemoryPressure.
     pub memory_stall_threshold_ns: u64,
+    /// Program-cache time per thread per slot that makes a ProgramCache.
+    pub program_cache_threshold_ns: u64,
     /// On-CPU sampling period.
     pub sample_period_ns: u64,
     /// `--topology`: CCXs from a file instead of sysfs.
@@ -170,6 +178,7 @@ impl Default for DetectorConfig {
             lock_threshold_ns: 10_000_000,
             cpu_wait_threshold_ns: 5_000_000,
             memory_stall_threshold_ns: 5_000_000,
+            program_cache_threshold_ns: 5_000_000,
             sample_period_ns: 1_000_000_000 / 99,
             topology: None,
             pingpong_threshold: 0.05,
@@ -185,6 +194,8 @@ pub struct Inputs<'a> {
     pub madvise: &'a [MadviseCall],
     /// Reclaim and compaction stalls of the target's threads.
     pub mem_stalls: &'a [MemStall],
+    /// Program-cache calls (load, verify, JIT, evict) of the target.
+    pub cache_work: &'a [CacheWork],
     pub futex: &'a [FutexWait],
     pub loop_marks: &'a [LoopMark],
     /// Short futex waits counted in the kernel: (address, waits, ns).
@@ -203,6 +214,7 @@ impl<'a> Inputs<'a> {
             intervals: &[],
             madvise: &[],
             mem_stalls: &[],
+            cache_work: &[],
             futex: &[],
             loop_marks: &[],
             short_futex: &[],
@@ -282,12 +294,13 @@ pub type Detect = fn(&Inputs, &DetectorConfig, &Buckets, &mut NameStack) -> Vec<
 /// memory accesses ([`cache_line_ping_pong::detect`], through
 /// `pipeline::cache_lines`), [`FindingKind::KvmMmuInvalidation`] the host's
 /// per-second counts ([`kvm_mmu_invalidation::detect`], run by `host`).
-pub const EVENT_DETECTORS: [(FindingKind, Detect); 5] = [
+pub const EVENT_DETECTORS: [(FindingKind, Detect); 6] = [
     (FindingKind::MainLoopGap, main_loop_gap::detect),
     (FindingKind::SyncAllocatorPurge, sync_allocator_purge::detect),
     (FindingKind::LockContention, lock_contention::detect),
     (FindingKind::CpuContention, cpu_contention::detect),
     (FindingKind::MemoryPressure, memory_pressure::detect),
+    (FindingKind::ProgramCache, program_cache::detect),
 ];
 
 /// An off-CPU interval's whole stack, root first: its user part, then

@@ -130,11 +130,15 @@ impl Live {
             slot_log,
             source_task,
             not_attached,
+            program_cache,
         } = crate::kernel::attach::attach(
             &target,
-            opts.spec.slot_source.as_ref(),
-            opts.spec.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
-            opts.exe.as_deref(),
+            crate::kernel::attach::Uprobes {
+                slot_source: opts.spec.slot_source.as_ref(),
+                loop_symbol: opts.spec.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
+                exe: opts.exe.as_deref(),
+                program_cache: ("--program-cache", opts.spec.program_cache),
+            },
             ProbeConfig {
                 tgid: target.pid,
                 min_offcpu: opts.spec.min_offcpu,
@@ -143,9 +147,13 @@ impl Live {
                 probe_stats: opts.probe_stats,
                 slot_uprobe: None,
                 loop_uprobe: None,
+                cache_uprobes: Vec::new(),
                 detector_probes: opts.detector_probes,
             },
         )?;
+        if let Some(line) = program_cache {
+            eprintln!("slotprof: {line}");
+        }
         // Said now, when it matters, and kept for the summary (not said twice).
         let mut attach_warnings = not_attached;
         attach_warnings.extend(crate::kernel::privileges::kernel_symbols_warning());

@@ -26,18 +26,33 @@ pub struct Attached {
     pub source_task: Option<Background>,
     /// A line for each probe that did not attach (not said yet).
     pub not_attached: Vec<String>,
+    /// What the program-cache probes are on, or why there are none (a
+    /// line to say once; None when they were turned off).
+    pub program_cache: Option<String>,
+}
+
+/// The uprobes a target gets, by the settings that name them.
+pub struct Uprobes<'a> {
+    pub slot_source: Option<&'a SlotSourceSpec>,
+    /// (the setting that named it, a function of `exe` or of the
+    /// target's executable)
+    pub loop_symbol: Option<(&'a str, &'a str)>,
+    /// The loop symbol's binary, when not the target's executable.
+    pub exe: Option<&'a Path>,
+    /// (the setting, the mode): the program cache's functions, in the
+    /// target's executable.
+    pub program_cache: (&'a str, crate::kernel::program_cache::Mode),
 }
 
 /// Attaches to `target`: `config` with its uprobes filled in from
-/// `slot_source` and `loop_symbol` ((the setting that named it, a function
-/// of `exe` or of the target's executable)).
-pub fn attach(
-    target: &Target,
-    slot_source: Option<&SlotSourceSpec>,
-    loop_symbol: Option<(&str, &str)>,
-    exe: Option<&Path>,
-    config: ProbeConfig,
-) -> anyhow::Result<Attached> {
+/// `uprobes`.
+pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow::Result<Attached> {
+    let Uprobes {
+        slot_source,
+        loop_symbol,
+        exe,
+        program_cache,
+    } = uprobes;
     // The slot source runs beside the session and logs what it sees.
     let slot_log = SharedSlotLog::default();
     let source_task = match slot_source.and_then(SlotSourceSpec::rpc) {
@@ -57,10 +72,12 @@ pub fn attach(
         Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
         _ => None,
     };
+    let (cache_uprobes, program_cache) = program_cache_uprobes(target, program_cache)?;
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         slot_uprobe,
         loop_uprobe,
+        cache_uprobes,
         ..config
     })?;
     let not_attached = probes
@@ -83,7 +100,43 @@ pub fn attach(
         slot_log,
         source_task,
         not_attached,
+        program_cache,
     })
+}
+
+/// The program cache's uprobes in the target's executable, and the line
+/// that says what they are on (or why there are none).
+fn program_cache_uprobes(
+    target: &Target,
+    (setting, mode): (&str, crate::kernel::program_cache::Mode),
+) -> anyhow::Result<(Vec<crate::kernel::program_cache::CacheUprobe>, Option<String>)> {
+    use crate::kernel::program_cache::Mode;
+    if mode == Mode::Off {
+        return Ok((Vec::new(), None));
+    }
+    let found = target
+        .exe
+        .as_deref()
+        .context("cannot find the target's executable")
+        .and_then(crate::kernel::program_cache::find);
+    match (found, mode) {
+        (Ok(f), _) => {
+            let mut line = format!(
+                "program cache: {} functions of {} probed (uprobe and uretprobe each)",
+                f.uprobes.len(),
+                f.release
+            );
+            if !f.missing.is_empty() {
+                line += &format!("; not in this binary: {}", f.missing.join(", "));
+            }
+            Ok((f.uprobes, Some(line)))
+        }
+        (Err(e), Mode::On) => Err(e.context(format!("{setting} on"))),
+        (Err(e), _) => Ok((
+            Vec::new(),
+            Some(format!("program cache: not probed ({setting} auto): {e:#}")),
+        )),
+    }
 }
 
 /// Where a uprobe on `function` of `binary` goes: (binary, file offset,

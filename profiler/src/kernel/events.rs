@@ -1,8 +1,8 @@
 //! Decoding ring-buffer records.
 
 use profiler_ebpf::{
-    CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, MemStall, OffCpuInterval, SlotMark,
-    UserRegs,
+    CacheWork, CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, MemStall, OffCpuInterval,
+    SlotMark, UserRegs,
 };
 
 /// One record from the kernel.
@@ -13,6 +13,7 @@ pub enum Event {
     SlotMark(SlotMark),
     Madvise(MadviseCall),
     MemStall(MemStall),
+    CacheWork(CacheWork),
     FutexWait(FutexWait),
     LoopMark(LoopMark),
     UserRegs(UserRegs),
@@ -29,6 +30,7 @@ impl Event {
             Event::SlotMark(m) => record_bytes(m),
             Event::Madvise(m) => record_bytes(m),
             Event::MemStall(m) => record_bytes(m),
+            Event::CacheWork(w) => record_bytes(w),
             Event::FutexWait(f) => record_bytes(f),
             Event::LoopMark(m) => record_bytes(m),
             Event::UserRegs(r) => record_bytes(r),
@@ -45,7 +47,11 @@ impl Event {
             Event::Madvise(m) => vec![m.user_stack_id],
             Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id],
             Event::Host(h) => vec![h.kernel_stack_id],
-            Event::SlotMark(_) | Event::LoopMark(_) | Event::UserRegs(_) | Event::MemStall(_) => Vec::new(),
+            Event::SlotMark(_)
+            | Event::LoopMark(_)
+            | Event::UserRegs(_)
+            | Event::MemStall(_)
+            | Event::CacheWork(_) => Vec::new(),
         }
     }
 }
@@ -64,6 +70,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<MadviseCall>(bytes).map(Event::Madvise)
     } else if kind == EventKind::MemStall as u32 {
         read::<MemStall>(bytes).map(Event::MemStall)
+    } else if kind == EventKind::CacheWork as u32 {
+        read::<CacheWork>(bytes).map(Event::CacheWork)
     } else if kind == EventKind::FutexWait as u32 {
         read::<FutexWait>(bytes).map(Event::FutexWait)
     } else if kind == EventKind::LoopMark as u32 {
@@ -141,6 +149,7 @@ mod tests {
         assert_eq!(size_of::<SlotMark>(), 32);
         assert_eq!(size_of::<MadviseCall>(), 80);
         assert_eq!(size_of::<MemStall>(), 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 16);
+        assert_eq!(size_of::<CacheWork>(), 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 16);
         assert_eq!(size_of::<FutexWait>(), 112);
         assert_eq!(size_of::<LoopMark>(), 32);
         assert_eq!(size_of::<UserRegs>(), 4 + 4 + 8 + 4 + 4 + 21 * 8);

@@ -16,6 +16,7 @@ pub mod events;
 pub mod memory_access;
 pub mod privileges;
 pub mod probes;
+pub mod program_cache;
 pub mod ring_reader;
 pub mod syscalls;
 pub mod target;

@@ -14,7 +14,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::{UProbeAttachLocation, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
         BtfTracePoint, PerfEvent, TracePoint, UProbe,
     },
     util::online_cpus,
@@ -57,6 +57,8 @@ pub struct ProbeConfig {
     pub detector_probes: bool,
     /// A uprobe marking main-loop iterations (`--loop-symbol`).
     pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
+    /// The program cache's functions: a uprobe and a uretprobe on each.
+    pub cache_uprobes: Vec<crate::kernel::program_cache::CacheUprobe>,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -261,6 +263,13 @@ impl Probes {
                 }
                 status.push(st);
             }
+        }
+        if !config.cache_uprobes.is_empty() {
+            status.extend(attach_cache_uprobes(
+                &mut ebpf,
+                &config.cache_uprobes,
+                config.tgid,
+            ));
         }
         Self::attached(ebpf, status, config.probe_stats)
     }
@@ -662,6 +671,66 @@ fn attach_uprobe(
         Ok(())
     })();
     status(name, format!("uprobe:{label}"), result)
+}
+
+/// The program-cache uprobes: the entry program and the return program at
+/// each function, the kind of work as the attach cookie (both programs
+/// are loaded once and attached at every place). A function whose
+/// uretprobe does not attach loses its uprobe too (an entry with no return
+/// would time nothing).
+fn attach_cache_uprobes(
+    ebpf: &mut Ebpf,
+    places: &[crate::kernel::program_cache::CacheUprobe],
+    tgid: u32,
+) -> Vec<ProbeStatus> {
+    let scope = match std::num::NonZeroU32::new(tgid) {
+        Some(pid) => UProbeScope::OneProcess(pid),
+        None => UProbeScope::AllProcesses,
+    };
+    for name in [program::CACHE_ENTER, program::CACHE_EXIT] {
+        let loaded = (|| -> anyhow::Result<()> {
+            let prog: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
+            prog.load()?;
+            Ok(())
+        })();
+        if let Err(e) = loaded {
+            return vec![status(name, "uprobe:program cache".into(), Err(e))];
+        }
+    }
+    places
+        .iter()
+        .map(|p| {
+            let result = (|| -> anyhow::Result<()> {
+                let point = || UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(p.file_offset),
+                    cookie: Some(u64::from(p.what)),
+                };
+                let exit: &mut UProbe = ebpf
+                    .program_mut(program::CACHE_EXIT)
+                    .context("program missing")?
+                    .try_into()?;
+                let link = exit.attach(point(), &p.binary, scope)?;
+                let enter: &mut UProbe = ebpf
+                    .program_mut(program::CACHE_ENTER)
+                    .context("program missing")?
+                    .try_into()?;
+                if let Err(e) = enter.attach(point(), &p.binary, scope) {
+                    let exit: &mut UProbe = ebpf
+                        .program_mut(program::CACHE_EXIT)
+                        .context("program missing")?
+                        .try_into()?;
+                    let _ = exit.detach(link);
+                    return Err(e.into());
+                }
+                Ok(())
+            })();
+            status(
+                program::CACHE_ENTER,
+                format!("uprobe+uretprobe:{}@{:#x}", p.name, p.file_offset),
+                result,
+            )
+        })
+        .collect()
 }
 
 fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> ProbeStatus {

@@ -74,6 +74,8 @@ pub struct Aggregator {
     pub madvise_log: Vec<MadviseCall>,
     /// Every memory stall (reclaim, compaction) of the target's threads.
     pub mem_stall_log: Vec<profiler_ebpf::MemStall>,
+    /// Every program-cache call (load, verify, JIT, evict) of the target.
+    pub cache_work_log: Vec<profiler_ebpf::CacheWork>,
     /// Every futex wait over the minimum.
     pub futex_log: Vec<FutexWait>,
     /// Main-loop iteration starts (`--loop-symbol`).
@@ -154,6 +156,7 @@ impl Aggregator {
             Event::SlotMark(_) => {}
             Event::Madvise(m) => self.madvise_log.push(*m),
             Event::MemStall(m) => self.mem_stall_log.push(*m),
+            Event::CacheWork(w) => self.cache_work_log.push(*w),
             Event::FutexWait(f) => self.futex_log.push(*f),
             Event::LoopMark(l) => self.loop_marks.push(*l),
             Event::UserRegs(r) => self.user_regs.push(*r),

@@ -83,6 +83,7 @@ pub fn inputs<'a>(
         intervals,
         madvise: &agg.madvise_log,
         mem_stalls: &agg.mem_stall_log,
+        cache_work: &agg.cache_work_log,
         futex: &agg.futex_log,
         loop_marks: &agg.loop_marks,
         short_futex,

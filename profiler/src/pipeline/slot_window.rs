@@ -60,6 +60,7 @@ impl Pending {
                 Event::LoopMark(m) => (m.ts_ns, m.ts_ns),
                 Event::Madvise(m) => (m.start_ns, m.end_ns),
                 Event::MemStall(m) => (m.start_ns, m.end_ns),
+                Event::CacheWork(w) => (w.start_ns, w.end_ns),
                 Event::FutexWait(f) => (f.start_ns, f.end_ns),
                 Event::OffCpu(o) => (o.start_ns, o.end_ns),
                 Event::SlotMark(_) | Event::Host(_) => continue,

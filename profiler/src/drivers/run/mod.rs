@@ -101,6 +101,7 @@ fn needs_reattach(old: &Config, new: &Config) -> bool {
         || old.spec.stack_repeat != new.spec.stack_repeat
         || old.spec.slot_source != new.spec.slot_source
         || old.spec.loop_symbol != new.spec.loop_symbol
+        || old.spec.program_cache != new.spec.program_cache
         || old.spec.phase_probe != new.spec.phase_probe
         || old.metrics_listen != new.metrics_listen
 }
@@ -589,15 +590,19 @@ impl Follow {
             slot_log,
             source_task,
             not_attached,
+            program_cache,
         } = crate::kernel::attach::attach(
             target,
-            Some(&slot_source),
-            config
-                .spec
-                .loop_symbol
-                .as_deref()
-                .map(|f| ("detectors.loop_symbol", f)),
-            None,
+            crate::kernel::attach::Uprobes {
+                slot_source: Some(&slot_source),
+                loop_symbol: config
+                    .spec
+                    .loop_symbol
+                    .as_deref()
+                    .map(|f| ("detectors.loop_symbol", f)),
+                exe: None,
+                program_cache: ("detectors.program_cache", config.spec.program_cache),
+            },
             ProbeConfig {
                 tgid: target.pid,
                 min_offcpu: config.spec.min_offcpu,
@@ -606,9 +611,13 @@ impl Follow {
                 probe_stats: false,
                 slot_uprobe: None,
                 loop_uprobe: None,
+                cache_uprobes: Vec::new(),
                 detector_probes: true,
             },
         )?;
+        if let Some(line) = program_cache {
+            eprintln!("slotprof: {line}");
+        }
         for w in &not_attached {
             eprintln!("slotprof: warning: {w}");
         }

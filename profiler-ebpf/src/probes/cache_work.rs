@@ -1,0 +1,94 @@
+//! Program-cache work of the target's threads: a uprobe at the entry and a
+//! uretprobe at the return of each of the runtime's program-cache functions
+//! (loading, verifying, JIT-compiling, evicting programs), attached at
+//! every address that function has in the binary (one per
+//! monomorphization), the attach cookie saying which kind of work it is.
+//! Only the outermost call of a kind is timed (a kind's function calling
+//! itself, or two of its monomorphizations nesting, is one piece of work).
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_ns,
+    },
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
+};
+use profiler_ebpf::{cache_work, counter, CacheWork, CacheWorkStart, EventKind, COMM_LEN};
+
+use super::{count, is_target, submit_flags, CACHE_WORK_START, EVENTS};
+
+/// The kind this attachment was made for, and the thread's key for it.
+#[inline(always)]
+fn key_of<C: EbpfContext>(ctx: &C, tid: u32) -> Option<(u32, u64)> {
+    let what = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    (what > 0 && what < cache_work::KINDS).then(|| (what, (u64::from(tid) << 8) | u64::from(what)))
+}
+
+#[uprobe]
+pub fn slotprof_cache_enter(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let Some((_, key)) = key_of(&ctx, pid_tgid as u32) else {
+        return 0;
+    };
+    if let Some(open) = CACHE_WORK_START.get_ptr_mut(&key) {
+        // Inside a call of the same kind already: only deeper.
+        unsafe { (*open).depth += 1 };
+        return 0;
+    }
+    let start = CacheWorkStart {
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        depth: 1,
+        _pad: 0,
+    };
+    if CACHE_WORK_START.insert(&key, &start, 0).is_err() {
+        count(counter::SYSCALL_START_LOST);
+    }
+    0
+}
+
+#[uretprobe]
+pub fn slotprof_cache_exit(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let tid = pid_tgid as u32;
+    let Some((what, key)) = key_of(&ctx, tid) else {
+        return 0;
+    };
+    let Some(open) = CACHE_WORK_START.get_ptr_mut(&key) else {
+        // The call began before the probes were attached.
+        return 0;
+    };
+    let start = unsafe {
+        if (*open).depth > 1 {
+            (*open).depth -= 1;
+            return 0;
+        }
+        (*open).start_ns
+    };
+    let _ = CACHE_WORK_START.remove(&key);
+    let Some(mut entry) = EVENTS.reserve::<CacheWork>(0) else {
+        count(counter::RING_FULL);
+        return 0;
+    };
+    entry.write(CacheWork {
+        kind: EventKind::CacheWork as u32,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        start_ns: start,
+        end_ns: unsafe { bpf_ktime_get_ns() },
+        tgid,
+        tid,
+        what,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    });
+    entry.submit(submit_flags());
+    0
+}
