@@ -1037,3 +1037,182 @@ fn memory_pressure_is_found_per_pass_over_the_limit_and_none_on_the_fixed_twin()
         let _ = std::fs::remove_dir_all(out.parent().unwrap());
     }
 }
+
+/// A replay thread whose program cache misses in every 3rd slot
+/// (stall-program-cache: evict, load, verify, JIT, named as Agave's
+/// functions are, 2 + 3 + 2 + 10 ms) makes a ProgramCache in each miss
+/// slot, found through the same per-release table slotprof uses on a
+/// validator, with every call of every kind counted and timed within a
+/// little of what the thread timed around its calls; the verifier's two
+/// copies (monomorphizations) each probed and seen; the JIT's call of
+/// itself counted once. No other slot has one (the prunes every slot are
+/// under the threshold, and counted where a finding exists). The fixed
+/// twin (no misses) has none. Both builds.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin() {
+    let Some(_k) = kernel_with(&["sched:sched_switch"]) else {
+        return;
+    };
+    let scale = time_scale();
+    let ms = |m: f64| format!("{}", m * scale as f64);
+    let threshold = format!("{}ms", 5 * scale);
+    let opts = [
+        "--slot-source",
+        "clock=400ms,origin=0",
+        "--program-cache",
+        "on",
+        "--program-cache-threshold",
+        &threshold,
+    ];
+    let work = [
+        "--seconds",
+        "6",
+        "--prune-ms",
+        &ms(0.3),
+        "--evict-ms",
+        &ms(2.0),
+        "--load-ms",
+        &ms(3.0),
+        "--verify-ms",
+        &ms(2.0),
+        "--jit-ms",
+        &ms(10.0),
+    ];
+    for (build, bin) in [
+        ("fp", stall_program("stall-program-cache")),
+        ("nofp", without_frame_pointers("stall-program-cache")),
+    ] {
+        let (out, truth) = record_bin(&format!("program-cache-{build}"), &opts, &bin, &work);
+        // Every function of the table's row found and probed, both copies
+        // of the verifier included.
+        let summary = read_json(&out.join("summary.json"));
+        let probed: Vec<&str> = summary["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["program"] == "slotprof_cache_enter" && p["attached"] == true)
+            .filter_map(|p| p["event"].as_str())
+            .collect();
+        let verifiers = probed.iter().filter(|e| e.contains("RequisiteVerifier")).count();
+        assert!(
+            row(
+                "program cache",
+                &format!("{build}: functions probed (the verifier's copies)"),
+                &format!("{} ({verifiers})", probed.len()),
+                "6 (2)",
+                probed.len() == 6 && verifiers == 2
+            ),
+            "{build}: {probed:?}"
+        );
+        let found = findings(&out, "ProgramCache");
+        let replay = truth["replay_tid"].as_u64().unwrap();
+        let slot_ns = truth["slot_ms"].as_u64().unwrap() * 1_000_000;
+        // The thread's own account per slot and kind: (calls, ms).
+        let mut logged: std::collections::BTreeMap<u64, HashMap<&str, (u64, f64)>> = Default::default();
+        let mut variants = std::collections::BTreeSet::new();
+        for c in truth["calls"].as_array().unwrap() {
+            let (s, e) = (c["start_ns"].as_u64().unwrap(), c["end_ns"].as_u64().unwrap());
+            let kind = c["kind"].as_str().unwrap();
+            let k = logged.entry(s / slot_ns).or_default().entry(kind).or_default();
+            k.0 += 1;
+            k.1 += (e - s) as f64 / 1e6;
+            if kind == "verify" {
+                variants.insert(c["variant"].as_u64().unwrap());
+            }
+        }
+        let miss_slots: Vec<u64> = logged
+            .iter()
+            .filter(|(_, k)| k.contains_key("jit"))
+            .map(|(s, _)| *s)
+            .collect();
+        assert!(miss_slots.len() >= 3, "{build}: {} misses", miss_slots.len());
+        assert_eq!(
+            variants.len(),
+            2,
+            "{build}: the program used both verifier copies"
+        );
+        let mut stack_named = 0;
+        for slot in &miss_slots {
+            let f = found
+                .iter()
+                .find(|f| f["slot"] == *slot && f["tid"] == replay)
+                .unwrap_or_else(|| {
+                    panic!("{build}: no ProgramCache of the replay thread in slot {slot}: {found:?}")
+                });
+            let mut calls = 0;
+            for (kind, (n, logged_ms)) in &logged[slot] {
+                calls += n;
+                let got = f["magnitudes"][format!("{kind}_ms")].as_f64().unwrap_or(0.0);
+                assert!(
+                    row(
+                        "program cache",
+                        &format!("{build}: slot {slot}: {kind} time, slotprof vs the thread's own"),
+                        &format!("{got:.2} ms vs {logged_ms:.2} ms"),
+                        "0.9 x .. own + 0.5 ms",
+                        got >= 0.9 * logged_ms && got <= logged_ms + 0.5 * scale as f64
+                    ),
+                    "{build}: slot {slot}: {f}"
+                );
+            }
+            assert!(
+                row(
+                    "program cache",
+                    &format!("{build}: slot {slot}: calls (the JIT's inner call not counted)"),
+                    &f["magnitudes"]["calls"].to_string(),
+                    &calls.to_string(),
+                    f["magnitudes"]["calls"].as_f64() == Some(calls as f64)
+                ),
+                "{build}: slot {slot}: {f}"
+            );
+            assert_eq!(
+                f["cause"], "programs loaded and compiled (cache misses)",
+                "{build}: {f}"
+            );
+            let stack = f["stack"].to_string();
+            if stack.contains("emit_instructions") {
+                stack_named += 1;
+            }
+        }
+        // The stack is the hottest sample inside the longest call (the JIT,
+        // 10 ms: a sample or two at 99 Hz), when one landed there.
+        eprintln!(
+            "{build}: {stack_named} of {} findings show the sampled stack inside the JIT",
+            miss_slots.len()
+        );
+        // Precision: only the miss slots.
+        let stray: Vec<_> = found
+            .iter()
+            .filter(|f| !(f["tid"] == replay && miss_slots.contains(&f["slot"].as_u64().unwrap())))
+            .collect();
+        assert!(
+            row(
+                "program cache",
+                &format!("{build}: findings outside the miss slots"),
+                &stray.len().to_string(),
+                "0",
+                stray.is_empty()
+            ),
+            "{build}: {stray:?}"
+        );
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+
+        let mut fixed = work.to_vec();
+        fixed.push("--fixed");
+        let (out, twin) = record_bin(&format!("program-cache-{build}-fixed"), &opts, &bin, &fixed);
+        let prunes = twin["calls"].as_array().unwrap().len();
+        let found = findings(&out, "ProgramCache");
+        assert!(prunes >= 10, "{build}: the twin pruned {prunes} times");
+        assert!(
+            row(
+                "program cache",
+                &format!("{build}: fixed twin: ProgramCache findings ({prunes} prunes, no misses)"),
+                &found.len().to_string(),
+                "0",
+                found.is_empty()
+            ),
+            "{build}: {found:?}"
+        );
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
+}

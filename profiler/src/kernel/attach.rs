@@ -37,7 +37,8 @@ pub struct Uprobes<'a> {
     /// (the setting that named it, a function of `exe` or of the
     /// target's executable)
     pub loop_symbol: Option<(&'a str, &'a str)>,
-    /// The loop symbol's binary, when not the target's executable.
+    /// The target's executable when it is not running it yet (`record`);
+    /// the loop symbol and the program cache are looked for in it.
     pub exe: Option<&'a Path>,
     /// (the setting, the mode): the program cache's functions, in the
     /// target's executable.
@@ -72,7 +73,7 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
         Some(SlotSourceSpec::Uprobe { binary, function, .. }) => Some(uprobe_target(binary, function)?),
         _ => None,
     };
-    let (cache_uprobes, program_cache) = program_cache_uprobes(target, program_cache)?;
+    let (cache_uprobes, program_cache) = program_cache_uprobes(exe.or(target.exe.as_deref()), program_cache)?;
     let mut probes = Probes::load(&ProbeConfig {
         tgid: target.pid,
         slot_uprobe,
@@ -104,19 +105,17 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
     })
 }
 
-/// The program cache's uprobes in the target's executable, and the line
-/// that says what they are on (or why there are none).
+/// The program cache's uprobes in the target's executable `exe`, and the
+/// line that says what they are on (or why there are none).
 fn program_cache_uprobes(
-    target: &Target,
+    exe: Option<&Path>,
     (setting, mode): (&str, crate::kernel::program_cache::Mode),
 ) -> anyhow::Result<(Vec<crate::kernel::program_cache::CacheUprobe>, Option<String>)> {
     use crate::kernel::program_cache::Mode;
     if mode == Mode::Off {
         return Ok((Vec::new(), None));
     }
-    let found = target
-        .exe
-        .as_deref()
+    let found = exe
         .context("cannot find the target's executable")
         .and_then(crate::kernel::program_cache::find);
     match (found, mode) {
