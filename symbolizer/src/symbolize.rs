@@ -14,6 +14,16 @@ use blazesym::symbolize::{
 
 use crate::maps::ProcessMaps;
 
+/// Where the kernel's uretprobe trampoline is on x86-64 (the first slot
+/// of the `[uprobes]` page, one page below the top of user space): a
+/// function with a uretprobe pending (slotprof's own program-cache probes,
+/// or another tool's) returns there instead of to its caller, so a stack
+/// walked through it has this address where the caller's should be (and a
+/// DWARF walk stops there).
+pub const URETPROBE_TRAMPOLINE: u64 = 0x7fff_ffff_e000;
+/// The frame name of the trampoline.
+pub const URETPROBE_FRAME: &str = "[uretprobe trampoline]";
+
 /// Entries per generation of a [`Bounded`] cache: the caches hold at most
 /// twice this many (a few MiB), what an always-on profiler can afford.
 const CACHE_GENERATION: usize = 8192;
@@ -148,9 +158,15 @@ impl Symbolizer {
     /// stack's first: a return address points after the call, so one byte
     /// back is looked up to stay inside the caller's call instruction.
     pub fn user_frame(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Frames {
+        if addr == URETPROBE_TRAMPOLINE {
+            return Arc::new([URETPROBE_FRAME.to_string()]);
+        }
         let Some((mapping, file_offset)) = self.locate(pid, addr, is_return_address) else {
             return Arc::new([format!("[unknown] {addr:#x}")]);
         };
+        if mapping.label == "[uprobes]" {
+            return Arc::new([URETPROBE_FRAME.to_string()]);
+        }
         let label = mapping.label.clone();
         let path = match &mapping.path {
             Some(p) => p.clone(),

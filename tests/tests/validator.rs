@@ -1668,3 +1668,168 @@ fn always_on_records_each_leader_slots_block_from_the_nodes_rpc() {
         "{text}"
     );
 }
+
+/// The program cache of a real Agave node, timed by slotprof's uprobes
+/// found through the per-release table (no name given), under a client
+/// load whose first Memo and SPL Token calls make the node load, verify
+/// and JIT-compile those programs: slotprof's ProgramCache work per slot
+/// against the node's own `loaded-programs-cache-stats` (misses and
+/// evictions per slot, from its metrics). In CI (about 90 s).
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_real_nodes_program_cache_work_is_timed_per_slot_where_the_node_counts_misses() {
+    let Some(_k) = kernel() else { return };
+    let bin = match binary() {
+        Ok(b) => b,
+        Err(why) => {
+            skip(Need::Validator, why);
+            return;
+        }
+    };
+    let metrics = MetricsReceiver::start().unwrap();
+    let node = Node::start_with_env(
+        &bin,
+        3,
+        Duration::from_secs(180),
+        &[("SOLANA_METRICS_CONFIG", &metrics.config())],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let pid = node.pid().to_string();
+    let url = node.rpc_url();
+    let out = private_dir("program-cache");
+    let err_dir = private_dir("program-cache-stderr");
+    let err_path = err_dir.join("stderr");
+    // slotprof first (every slot's work above 1 us is a finding), then the
+    // load: the programs' first calls come while it watches.
+    let args: Vec<String> = [
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "40s",
+        "--slot-source",
+        &format!("rpc={url}"),
+        "--program-cache",
+        "on",
+        "--program-cache-threshold",
+        "1us",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let err_for = err_path.clone();
+    let run = std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        slotprof_with_rss_to(&args, &err_for)
+    });
+    let waited = std::time::Instant::now();
+    while !std::fs::read_to_string(&err_path)
+        .unwrap_or_default()
+        .contains("profiling")
+    {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "slotprof did not attach in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let load_dir = private_dir("program-cache-load");
+    let load =
+        Load::start(&node, LOAD_RATE, 25, &load_dir.join("report.json")).unwrap_or_else(|e| panic!("{e}"));
+    let (ok, stderr, _) = run.join().unwrap();
+    assert!(ok, "slotprof attach failed: {stderr}");
+    let report = load.finish().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("load: {} sent, {} confirmed", report.sent, report.confirmed);
+    let said = stderr
+        .lines()
+        .find(|l| l.contains("program cache:"))
+        .unwrap_or_else(|| panic!("no program-cache line: {stderr}"));
+    assert!(
+        row(
+            "program cache",
+            "the 4.4.0 node's program-cache functions found by the release table",
+            said,
+            "8 functions of Agave 2.2 to 4.4",
+            said.contains("8 functions of Agave 2.2 to 4.4")
+        ),
+        "{said}"
+    );
+    let found = findings(&out, "ProgramCache");
+    let mut by_slot: BTreeMap<u64, (f64, f64, f64, f64)> = BTreeMap::new();
+    for f in &found {
+        let Some(slot) = f["slot"].as_u64() else { continue };
+        let m = &f["magnitudes"];
+        let e = by_slot.entry(slot).or_default();
+        let g = |k: &str| m[k].as_f64().unwrap_or(0.0);
+        e.0 += g("load_ms");
+        e.1 += g("verify_ms");
+        e.2 += g("jit_ms");
+        e.3 += g("evict_ms");
+    }
+    // The node's own counts per slot.
+    let stats = metrics.points("loaded-programs-cache-stats");
+    let mut node_misses: BTreeMap<u64, i64> = BTreeMap::new();
+    for p in &stats {
+        if let (Some(slot), Some(misses)) = (p.int("slot"), p.int("misses")) {
+            *node_misses.entry(slot as u64).or_default() += misses;
+        }
+    }
+    let slots = slots_of(&out);
+    let (first, last) = (
+        *slots.keys().next().expect("slots"),
+        *slots.keys().last().expect("slots"),
+    );
+    let missed: Vec<(u64, i64)> = node_misses
+        .range(first..=last)
+        .filter(|(_, m)| **m > 0)
+        .map(|(s, m)| (*s, *m))
+        .collect();
+    let compiled: Vec<u64> = by_slot
+        .iter()
+        .filter(|(_, w)| w.0 > 0.0 || w.2 > 0.0)
+        .map(|(s, _)| *s)
+        .collect();
+    for (slot, w) in &by_slot {
+        if w.0 + w.1 + w.2 > 0.0 {
+            eprintln!(
+                "slot {slot}: load {:.2} ms, verify {:.2} ms, JIT {:.2} ms, evict/prune {:.2} ms; node: {:?} misses",
+                w.0,
+                w.1,
+                w.2,
+                w.3,
+                node_misses.get(slot)
+            );
+        }
+    }
+    eprintln!(
+        "{} slots; prune/evict seen in {}; the node counted misses in {:?} ({} stats points)",
+        slots.len(),
+        by_slot.values().filter(|w| w.3 > 0.0).count(),
+        missed,
+        stats.len()
+    );
+    let near = |s: u64| compiled.iter().any(|c| c.abs_diff(s) <= 1);
+    let unseen: Vec<&(u64, i64)> = missed.iter().filter(|(s, _)| !near(*s)).collect();
+    assert!(
+        row(
+            "program cache",
+            "slots the node counted program-cache misses in without load/JIT work timed by slotprof (within a slot)",
+            &format!("{} of {}", unseen.len(), missed.len()),
+            "0, of at least 1",
+            unseen.is_empty() && !missed.is_empty()
+        ),
+        "{unseen:?}"
+    );
+    let _ = fields_of_interest(&stats);
+}
+
+/// The fields the node's cache-stats points carry (printed once: what the
+/// ground truth had to offer).
+fn fields_of_interest(stats: &[slotprof_tests::metrics_receiver::Point]) -> usize {
+    if let Some(p) = stats.iter().find(|p| p.int("misses").unwrap_or(0) > 0) {
+        eprintln!("a loaded-programs-cache-stats point with misses: {p:?}");
+    }
+    stats.len()
+}
