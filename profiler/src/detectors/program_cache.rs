@@ -22,7 +22,7 @@ const KINDS: [(u32, &str, &str); 4] = [
     (cache_work::LOAD, "load", "loading"),
     (cache_work::VERIFY, "verify", "verifying"),
     (cache_work::JIT, "jit", "JIT-compiling"),
-    (cache_work::EVICT, "evict", "evicting"),
+    (cache_work::EVICT, "evict", "evicting or pruning"),
 ];
 
 fn kind_name(what: u32) -> Option<(&'static str, &'static str)> {
@@ -119,6 +119,12 @@ fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding 
         parts.push(format!("{doing} {:.1} ms ({n} calls)", ms(*ns)));
     }
     magnitudes.insert("calls", calls as f64);
+    // Each load is one program missing from the cache (what the node's own
+    // loaded-programs-cache-stats counts as a miss).
+    magnitudes.insert(
+        "programs_loaded",
+        a.by_kind.get(&cache_work::LOAD).map_or(0, |k| k.0) as f64,
+    );
     // The cause: eviction on its own, or the cost of a miss (load, verify
     // and JIT together).
     let evict_ns = a.by_kind.get(&cache_work::EVICT).map_or(0, |k| k.1);
@@ -249,6 +255,7 @@ mod tests {
         assert_eq!(f.magnitudes["load_ms"], 2.0);
         assert_eq!(f.magnitudes["verify_ms"], 1.0);
         assert_eq!(f.magnitudes["calls"], 3.0);
+        assert_eq!(f.magnitudes["programs_loaded"], 1.0);
         assert_eq!(f.magnitudes["longest_ms"], 8.0);
         assert_eq!(
             f.cause.as_deref(),
