@@ -168,6 +168,26 @@ pub struct CacheWorkStart {
     pub _pad: u32,
 }
 
+/// Most uretprobe returns pending per thread that stack copies are mended
+/// for.
+pub const PENDING_RETURNS: usize = 8;
+
+/// The calls of a thread with a uretprobe pending (innermost last): where
+/// each one's return address is on the stack and what it was before the
+/// kernel put its uretprobe trampoline there. A stack copy puts the
+/// original back, so that unwinding goes on past the probed function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingReturns {
+    pub n: u32,
+    pub _pad: u32,
+    /// The stack address of each return address (the stack pointer at the
+    /// function's entry).
+    pub slot: [u64; PENDING_RETURNS],
+    /// The return address itself.
+    pub ret: [u64; PENDING_RETURNS],
+}
+
 /// Where a thread's memory stall began (per-thread map).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -980,7 +1000,7 @@ pub mod names {
         pub const USER_STACK_TOP: &str = "USER_STACK_TOP";
         pub const USER_STACK_SCRATCH: &str = "USER_STACK_SCRATCH";
         /// Used by the programs only.
-        pub const KERNEL_ONLY: [&str; 9] = [
+        pub const KERNEL_ONLY: [&str; 10] = [
             "CACHE_WORK_START",
             "CPU_RUNS_MAP",
             "HOST_STACKS",
@@ -989,6 +1009,7 @@ pub mod names {
             "MADVISE_START",
             "MEM_STALL_START",
             "PAGE_FAULTS",
+            "URET_PENDING",
             "USER_STACK_BUSY",
         ];
         /// The maps userspace reads, resizes or writes.

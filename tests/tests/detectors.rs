@@ -1064,6 +1064,10 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
         "on",
         "--program-cache-threshold",
         &threshold,
+        // Enough samples inside the probed calls (~15 ms of 1.2 s) to
+        // judge their stacks.
+        "--freq",
+        "999",
     ];
     let work = [
         "--seconds",
@@ -1179,6 +1183,43 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
         eprintln!(
             "{build}: {stack_named} of {} findings show the sampled stack inside the JIT",
             miss_slots.len()
+        );
+        // Stacks through a probed call reach the thread's entry: the
+        // return address the kernel's uretprobe trampoline took is put back
+        // in each stack copy (every sample in emit_instructions is inside
+        // one: it is the probed functions' work).
+        let folded = std::fs::read_to_string(out.join("oncpu.folded")).unwrap();
+        let (mut inside, mut whole, mut trampoline) = (0u64, 0u64, 0u64);
+        for line in folded.lines().filter(|l| l.starts_with("replay;")) {
+            let (stack, n) = line.rsplit_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            // The trampoline as a caller (a user frame below it); as the
+            // leaf it is where the thread was (returning through it).
+            let frames: Vec<&str> = stack.split(';').collect();
+            if frames
+                .windows(2)
+                .any(|w| w[0] == "[uretprobe trampoline]" && !w[1].ends_with("_[k]"))
+            {
+                trampoline += n;
+            }
+            if stack.contains("emit_instructions") {
+                inside += n;
+                if stack.contains(";start_thread;") {
+                    whole += n;
+                }
+            }
+        }
+        assert!(
+            row(
+                "program cache",
+                &format!(
+                    "{build}: samples inside probed calls reaching the thread entry (at the trampoline)"
+                ),
+                &format!("{whole} of {inside} ({trampoline})"),
+                ">= 90%, at least 20 (0)",
+                inside >= 20 && whole * 10 >= inside * 9 && trampoline == 0
+            ),
+            "{build}: stacks cut at the uretprobe trampoline"
         );
         // Precision: only the miss slots.
         let stray: Vec<_> = found

@@ -46,6 +46,27 @@ fn node() -> Option<Node> {
     Some(Node::start(&bin, 3, Duration::from_secs(180)).unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// The node sending its metrics to a receiver here, or why the test
+/// cannot run (printed as SKIPPED).
+fn node_with_metrics() -> Option<(Node, MetricsReceiver)> {
+    let bin = match binary() {
+        Ok(b) => b,
+        Err(why) => {
+            skip(Need::Validator, why);
+            return None;
+        }
+    };
+    let metrics = MetricsReceiver::start().unwrap();
+    let node = Node::start_with_env(
+        &bin,
+        3,
+        Duration::from_secs(180),
+        &[("SOLANA_METRICS_CONFIG", &metrics.config())],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    Some((node, metrics))
+}
+
 /// The node's slot stream as the test sees it: `getSlot` every 20 ms, the
 /// CLOCK_MONOTONIC time each slot number was first seen.
 struct SlotWatch {
@@ -277,22 +298,11 @@ fn offsets(
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn a_real_node_attached_for_a_minute_with_both_slot_sources() {
     let Some(_k) = kernel() else { return };
-    let bin = match binary() {
-        Ok(b) => b,
-        Err(why) => {
-            skip(Need::Validator, why);
-            return;
-        }
-    };
     // The node's own metrics, to a receiver here: its per-slot timestamps.
-    let metrics = MetricsReceiver::start().unwrap();
-    let node = Node::start_with_env(
-        &bin,
-        3,
-        Duration::from_secs(180),
-        &[("SOLANA_METRICS_CONFIG", &metrics.config())],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let Some((node, metrics)) = node_with_metrics() else {
+        return;
+    };
+    let bin = binary().expect("the node's binary");
     let pid = node.pid().to_string();
     let url = node.rpc_url();
 
@@ -1679,21 +1689,9 @@ fn always_on_records_each_leader_slots_block_from_the_nodes_rpc() {
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn a_real_nodes_program_cache_work_is_timed_per_slot_where_the_node_counts_misses() {
     let Some(_k) = kernel() else { return };
-    let bin = match binary() {
-        Ok(b) => b,
-        Err(why) => {
-            skip(Need::Validator, why);
-            return;
-        }
+    let Some((node, metrics)) = node_with_metrics() else {
+        return;
     };
-    let metrics = MetricsReceiver::start().unwrap();
-    let node = Node::start_with_env(
-        &bin,
-        3,
-        Duration::from_secs(180),
-        &[("SOLANA_METRICS_CONFIG", &metrics.config())],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
     let pid = node.pid().to_string();
     let url = node.rpc_url();
     let out = private_dir("program-cache");

@@ -9,15 +9,74 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns,
+        bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
-use profiler_ebpf::{cache_work, counter, CacheWork, CacheWorkStart, EventKind, COMM_LEN};
+use profiler_ebpf::{
+    cache_work, counter, CacheWork, CacheWorkStart, EventKind, PendingReturns, COMM_LEN, PENDING_RETURNS,
+};
 
-use super::{count, is_target, submit_flags, CACHE_WORK_START, EVENTS};
+use super::{
+    count, is_target, submit_flags, user_stack::user_regs_now, CACHE_WORK_START, EVENTS, URET_PENDING,
+};
+
+/// Keeps the return address the kernel is about to replace with its
+/// uretprobe trampoline (this program runs before it does), with where it
+/// is on the stack: every call, nested or not, gets a trampoline. Entries
+/// at or below the new one's stack address are of calls that are gone
+/// (a panic unwound through them): dropped, as the kernel drops its own.
+#[inline(always)]
+fn push_return(tid: u32) {
+    let Some(regs) = user_regs_now() else { return };
+    let Ok(ret) = (unsafe { bpf_probe_read_user(regs.sp as *const u64) }) else {
+        return;
+    };
+    let p = match URET_PENDING.get_ptr_mut(&tid) {
+        Some(p) => p,
+        None => {
+            if URET_PENDING.insert(&tid, &PendingReturns::default(), 0).is_err() {
+                return;
+            }
+            match URET_PENDING.get_ptr_mut(&tid) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    let p = unsafe { &mut *p };
+    let mut n = (p.n as usize).min(PENDING_RETURNS);
+    for _ in 0..PENDING_RETURNS {
+        // A volatile index: LLVM would otherwise walk the array with a
+        // moving pointer, which the verifier cannot bound.
+        let top = unsafe { core::ptr::read_volatile(&n) };
+        if top == 0 || p.slot[(top - 1) & (PENDING_RETURNS - 1)] > regs.sp {
+            break;
+        }
+        n = top - 1;
+    }
+    if n < PENDING_RETURNS {
+        p.slot[n & (PENDING_RETURNS - 1)] = regs.sp;
+        p.ret[n & (PENDING_RETURNS - 1)] = ret;
+        n += 1;
+    }
+    // Deeper than the list holds: the innermost calls are not mended.
+    p.n = n as u32;
+}
+
+/// The innermost pending call returned (its uretprobe ran).
+#[inline(always)]
+fn pop_return(tid: u32) {
+    if let Some(p) = URET_PENDING.get_ptr_mut(&tid) {
+        unsafe {
+            if (*p).n > 0 {
+                (*p).n -= 1;
+            }
+        }
+    }
+}
 
 /// The kind this attachment was made for, and the thread's key for it.
 #[inline(always)]
@@ -35,6 +94,7 @@ pub fn slotprof_cache_enter(ctx: ProbeContext) -> u32 {
     let Some((_, key)) = key_of(&ctx, pid_tgid as u32) else {
         return 0;
     };
+    push_return(pid_tgid as u32);
     if let Some(open) = CACHE_WORK_START.get_ptr_mut(&key) {
         // Inside a call of the same kind already: only deeper.
         unsafe { (*open).depth += 1 };
@@ -62,6 +122,7 @@ pub fn slotprof_cache_exit(ctx: RetProbeContext) -> u32 {
     let Some((what, key)) = key_of(&ctx, tid) else {
         return 0;
     };
+    pop_return(tid);
     let Some(open) = CACHE_WORK_START.get_ptr_mut(&key) else {
         // The call began before the probes were attached.
         return 0;

@@ -223,6 +223,12 @@ static MEM_STALL_START: LruHashMap<u32, profiler_ebpf::MemStallStart> =
 static CACHE_WORK_START: LruHashMap<u64, profiler_ebpf::CacheWorkStart> =
     LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
 
+/// Target threads' pending uretprobe returns, by tid (see
+/// `PendingReturns`).
+#[map]
+static URET_PENDING: LruHashMap<u32, profiler_ebpf::PendingReturns> =
+    LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);
+
 /// Target threads inside madvise(2), by tid.
 #[map]
 static MADVISE_START: LruHashMap<u32, MadviseStart> = LruHashMap::with_max_entries(OFFCPU_MAP_ENTRIES, 0);

@@ -32,10 +32,10 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{
     counter, reg, stack_for, EventKind, OffCpuStart, UserStackHeader, UserStackRecord, OFFCPU_MAP_ENTRIES,
-    PT_REGS_WORDS, RING_BYTES, USER_STACK_BYTES,
+    PENDING_RETURNS, PT_REGS_WORDS, RING_BYTES, USER_STACK_BYTES,
 };
 
-use super::{count, submit_flags, user_stack_repeat_ns, EVENTS};
+use super::{count, submit_flags, user_stack_repeat_ns, EVENTS, URET_PENDING};
 
 /// Where a record is built, one per CPU, indexed by the CPU's number (too
 /// big for the BPF stack, and for a per-CPU array: the kernel caps a
@@ -183,6 +183,9 @@ fn copy_and_send(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
     }
     let len = if len > want { want } else { len };
     let len = len.min(USER_STACK_BYTES) as u32;
+    if len > 0 {
+        mend_pending_returns(tid, sp, len as u64, base);
+    }
     if len == 0 && sp != 0 && !busy {
         count(counter::USER_STACK_COPY_FAILED);
     }
@@ -209,6 +212,32 @@ fn copy_and_send(regs: &UserRegsNow, why: u32, start_ns: u64) -> bool {
         return false;
     }
     len > 0
+}
+
+/// Puts back, in a copy of `tid`'s stack from `sp` (`len` bytes at
+/// `base`), the return addresses the kernel replaced with its uretprobe
+/// trampoline for calls still running: unwinding then goes on to their
+/// callers instead of stopping at the trampoline.
+#[inline(always)]
+fn mend_pending_returns(tid: u32, sp: u64, len: u64, base: *mut u8) {
+    let Some(p) = URET_PENDING.get_ptr(&tid) else {
+        return;
+    };
+    let p = unsafe { &*p };
+    let n = (p.n as usize).min(PENDING_RETURNS);
+    for i in 0..PENDING_RETURNS {
+        // A volatile index, as in `push_return` (a moving pointer is what
+        // LLVM makes of it otherwise, and the verifier cannot bound it).
+        let i = unsafe { core::ptr::read_volatile(&i) } & (PENDING_RETURNS - 1);
+        if i >= n {
+            break;
+        }
+        let slot = p.slot[i];
+        if slot >= sp && slot + 8 <= sp + len {
+            let off = ((slot - sp) as usize) & (USER_STACK_BYTES - 1);
+            unsafe { core::ptr::write_unaligned(base.add(off).cast::<u64>(), p.ret[i]) };
+        }
+    }
 }
 
 /// Sends an empty stack record (the copy could not be made): userspace

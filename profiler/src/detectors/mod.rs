@@ -306,8 +306,14 @@ pub const EVENT_DETECTORS: [(FindingKind, Detect); 6] = [
 /// An off-CPU interval's whole stack, root first: its user part, then
 /// its kernel part.
 pub(crate) fn interval_stack(i: &Interval, names: &mut NameStack) -> Vec<String> {
-    let mut s = names(i.key.tgid, i.key.user_stack_id, false);
-    s.extend(names(i.key.tgid, i.key.kernel_stack_id, true));
+    key_stack(&i.key, names)
+}
+
+/// A stack key's whole stack, root first: its user part, then its kernel
+/// part.
+pub(crate) fn key_stack(k: &StackKey, names: &mut NameStack) -> Vec<String> {
+    let mut s = names(k.tgid, k.user_stack_id, false);
+    s.extend(names(k.tgid, k.kernel_stack_id, true));
     s
 }
 

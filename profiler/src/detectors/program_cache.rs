@@ -150,14 +150,9 @@ fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding 
     };
     let thread = inputs.thread_name_or(tid, &a.comm);
     let (from, to, what) = a.longest;
-    let stack = match hottest_stack(inputs, tid, from, to) {
-        Some(k) => {
-            let mut s = names(k.tgid, k.user_stack_id, false);
-            s.extend(names(k.tgid, k.kernel_stack_id, true));
-            s
-        }
-        None => Vec::new(),
-    };
+    let stack = hottest_stack(inputs, tid, from, to)
+        .map(|k| super::key_stack(&k, names))
+        .unwrap_or_default();
     let longest_doing = kind_name(what).map_or("", |k| k.1);
     Finding {
         kind: FindingKind::ProgramCache,
