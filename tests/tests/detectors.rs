@@ -985,6 +985,39 @@ fn memory_pressure_is_found_per_pass_over_the_limit_and_none_on_the_fixed_twin()
                 "{build}: slot {slot}: {} (the thread's own count: {majors} major faults)",
                 f["explanation"]
             );
+            // The slot's memory pressure as slotprof read it (PSI every
+            // 20 ms, in slot.json) against the program's own reading of
+            // the same counter around each iteration, over the slot and
+            // its neighbours (a reading's 20 ms can fall either side).
+            let slotprof_psi: f64 = (slot - 1..=slot + 1)
+                .map(|s| {
+                    let j = read_json(&out.join("slots").join(s.to_string()).join("slot.json"));
+                    j["memory_pressure"]["some_ms"]
+                        .as_f64()
+                        .unwrap_or_else(|| panic!("{build}: slot {s} has no memory_pressure: {j}"))
+                })
+                .sum();
+            let own_psi: f64 = truth["slots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| (slot - 1..=slot + 1).contains(&s["slot"].as_u64().unwrap()))
+                .map(|s| s["psi_some_ns"].as_u64().unwrap() as f64 / 1e6)
+                .sum();
+            assert!(
+                row(
+                    "memory pressure",
+                    &format!(
+                        "{build}: slots {}..={}: PSI some per slot, slotprof vs the program's own",
+                        slot - 1,
+                        slot + 1
+                    ),
+                    &format!("{slotprof_psi:.1} ms vs {own_psi:.1} ms"),
+                    "within 10% + 3 ms",
+                    (slotprof_psi - own_psi).abs() <= 0.1 * own_psi + 3.0
+                ),
+                "{build}: slot {slot}"
+            );
         }
         // Precision: elsewhere only where the kernel saw memory pressure.
         for f in &found {
@@ -1204,7 +1237,10 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
             }
             if stack.contains("emit_instructions") {
                 inside += n;
-                if stack.contains(";start_thread;") {
+                // Rust std's thread_start (glibc's start_thread below it is
+                // named only where the system has libc's symbols: the VMs'
+                // copy does not).
+                if stack.contains("thread_start;") {
                     whole += n;
                 }
             }
@@ -1216,8 +1252,8 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
                     "{build}: samples inside probed calls reaching the thread entry (at the trampoline)"
                 ),
                 &format!("{whole} of {inside} ({trampoline})"),
-                ">= 90%, at least 20 (0)",
-                inside >= 20 && whole * 10 >= inside * 9 && trampoline == 0
+                ">= 90%, at least 20 (<= 1%)",
+                inside >= 20 && whole * 10 >= inside * 9 && trampoline * 100 <= inside
             ),
             "{build}: stacks cut at the uretprobe trampoline"
         );

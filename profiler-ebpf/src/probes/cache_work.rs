@@ -47,23 +47,27 @@ fn push_return(tid: u32) {
         }
     };
     let p = unsafe { &mut *p };
-    let mut n = (p.n as usize).min(PENDING_RETURNS);
+    // Every index is read back through a volatile load and masked: LLVM
+    // would otherwise drop a mask it can prove redundant (or walk the
+    // array with a moving pointer), and the verifiers (6.1's above all)
+    // cannot follow what it leaves.
+    let volatile = |n: &u32| unsafe { core::ptr::read_volatile(n) };
+    let mut n = p.n.min(PENDING_RETURNS as u32);
     for _ in 0..PENDING_RETURNS {
-        // A volatile index: LLVM would otherwise walk the array with a
-        // moving pointer, which the verifier cannot bound.
-        let top = unsafe { core::ptr::read_volatile(&n) };
-        if top == 0 || p.slot[(top - 1) & (PENDING_RETURNS - 1)] > regs.sp {
+        let top = volatile(&n);
+        if top == 0 || p.slot[((top - 1) & (PENDING_RETURNS as u32 - 1)) as usize] > regs.sp {
             break;
         }
         n = top - 1;
     }
-    if n < PENDING_RETURNS {
-        p.slot[n & (PENDING_RETURNS - 1)] = regs.sp;
-        p.ret[n & (PENDING_RETURNS - 1)] = ret;
-        n += 1;
+    if volatile(&n) < PENDING_RETURNS as u32 {
+        let i = (volatile(&n) & (PENDING_RETURNS as u32 - 1)) as usize;
+        p.slot[i] = regs.sp;
+        p.ret[i] = ret;
+        n = i as u32 + 1;
     }
     // Deeper than the list holds: the innermost calls are not mended.
-    p.n = n as u32;
+    p.n = n;
 }
 
 /// The innermost pending call returned (its uretprobe ran).

@@ -98,6 +98,8 @@ struct Live {
     execs: Vec<report::ExecSummary>,
     fp_scan: Option<tokio::task::JoinHandle<Option<symbolizer::frame_pointers::FramePointerScan>>>,
     phase_probe: Option<crate::phase::probe::RunningProbe>,
+    /// The kernel's memory pressure, read for the slots.
+    psi: Option<crate::kernel::psi::PsiSampler>,
     saved: Option<std::io::BufWriter<std::fs::File>>,
     progress: bool,
     agg: Aggregator,
@@ -131,6 +133,7 @@ impl Live {
             source_task,
             not_attached,
             program_cache,
+            psi,
         } = crate::kernel::attach::attach(
             &target,
             crate::kernel::attach::Uprobes {
@@ -222,6 +225,7 @@ impl Live {
             execs: Vec::new(),
             fp_scan,
             phase_probe,
+            psi,
             saved,
             progress: std::io::stderr().is_terminal(),
             agg: if opts.save_replay.is_some() {
@@ -370,6 +374,7 @@ impl Live {
             execs,
             fp_scan,
             phase_probe,
+            psi,
             mut saved,
             progress,
             mut agg,
@@ -473,6 +478,7 @@ impl Live {
             exited_after,
             phase_windows,
             phases,
+            psi,
             counters,
             table,
             unwinding,
@@ -501,6 +507,7 @@ struct Collected {
     exited_after: Option<Duration>,
     phase_windows: Vec<crate::phase::probe::Window>,
     phases: Vec<crate::phase::analysis::CpuPhases>,
+    psi: Option<crate::kernel::psi::PsiSampler>,
     counters: crate::kernel::probes::Counters,
     table: StackTable,
     unwinding: report::Unwinding,
@@ -881,6 +888,10 @@ fn write_outputs(
                     profiles: &p,
                     findings: &a.findings,
                     phase: slot_phase(slot),
+                    memory_pressure: c
+                        .psi
+                        .as_ref()
+                        .and_then(|psi| psi.over(slot.start_ns, slot.start_ns + slot.duration_ns())),
                     meta: &a.meta,
                     period_ns,
                 })

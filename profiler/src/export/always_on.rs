@@ -369,8 +369,7 @@ impl Exporter {
     /// Exports one processed slot: in full or as a summary line, by policy.
     pub fn export(&mut self, r: &SlotResult<'_>) -> anyhow::Result<Exported> {
         let (slot, p, meta) = (r.slot, r.profiles, r.meta);
-        let mut summary = summarize(slot, p, r.findings, r.period_ns);
-        summary.phase = r.phase;
+        let summary = summarize(r);
         let full = match self.policy {
             FullExport::All => true,
             FullExport::Findings => !summary.findings.is_empty(),
@@ -745,6 +744,7 @@ mod ledger_tests {
             profiles: p,
             findings,
             phase: None,
+            memory_pressure: None,
             meta,
             period_ns: 1,
         }

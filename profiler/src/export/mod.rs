@@ -32,6 +32,8 @@ pub struct SlotResult<'a> {
     pub findings: &'a [Finding],
     /// "slow" or "fast" by the phase probe, when it runs.
     pub phase: Option<&'static str>,
+    /// The kernel's memory pressure (PSI) over the slot, when read.
+    pub memory_pressure: Option<crate::kernel::psi::SlotPressure>,
     pub meta: &'a ProfileMeta,
     /// The sampling period (ns): samples x period is on-CPU time.
     pub period_ns: u64,

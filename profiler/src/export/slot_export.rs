@@ -34,6 +34,10 @@ pub struct SlotSummary {
     /// "slow" or "fast" by the phase probe (`--phase-probe`), else absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<&'static str>,
+    /// The kernel's memory pressure (PSI) over the slot: the system's, and
+    /// the target's cgroup's (cgroup v2), when the kernel has PSI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_pressure: Option<crate::kernel::psi::SlotPressure>,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,7 +57,8 @@ fn by_thread(f: &Folded) -> BTreeMap<String, u64> {
     m
 }
 
-pub(crate) fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_ns: u64) -> SlotSummary {
+pub(crate) fn summarize(r: &SlotResult<'_>) -> SlotSummary {
+    let (slot, p, findings, period_ns) = (r.slot, r.profiles, r.findings, r.period_ns);
     let on = by_thread(&p.oncpu);
     let off = by_thread(&p.offcpu);
     let mut threads: Vec<ThreadTime> = on
@@ -84,7 +89,8 @@ pub(crate) fn summarize(slot: &Slot, p: &Profiles, findings: &[Finding], period_
             .filter(|f| f.slot == Some(slot.number))
             .cloned()
             .collect(),
-        phase: None,
+        phase: r.phase,
+        memory_pressure: r.memory_pressure,
     }
 }
 
@@ -139,8 +145,7 @@ impl SlotExport for SlotWriter<'_> {
             if slot.leader { " (leader)" } else { "" }
         );
         write_profiles(&dir, p, r.meta, &sub)?;
-        let mut summary = summarize(slot, p, r.findings, r.period_ns);
-        summary.phase = r.phase;
+        let summary = summarize(r);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         self.summaries.push(summary);
         if self

@@ -29,6 +29,9 @@ pub struct Attached {
     /// What the program-cache probes are on, or why there are none (a
     /// line to say once; None when they were turned off).
     pub program_cache: Option<String>,
+    /// The kernel's memory pressure, read beside the probes (None without
+    /// PSI in the kernel).
+    pub psi: Option<crate::kernel::psi::PsiSampler>,
 }
 
 /// The uprobes a target gets, by the settings that name them.
@@ -102,6 +105,7 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
         source_task,
         not_attached,
         program_cache,
+        psi: crate::kernel::psi::PsiSampler::start(target.pid),
     })
 }
 

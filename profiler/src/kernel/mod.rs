@@ -17,6 +17,7 @@ pub mod memory_access;
 pub mod privileges;
 pub mod probes;
 pub mod program_cache;
+pub mod psi;
 pub mod ring_reader;
 pub mod syscalls;
 pub mod target;

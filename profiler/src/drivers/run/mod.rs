@@ -568,6 +568,7 @@ struct Follow {
     sym: Symbolizer,
     maps_errors: crate::drivers::session::MapsErrors,
     phase: Option<Phase>,
+    psi: Option<crate::kernel::psi::PsiSampler>,
     pending: Pending,
     stacks: StackCache,
     /// Slots are processed up to here.
@@ -591,6 +592,7 @@ impl Follow {
             source_task,
             not_attached,
             program_cache,
+            psi,
         } = crate::kernel::attach::attach(
             target,
             crate::kernel::attach::Uprobes {
@@ -646,6 +648,7 @@ impl Follow {
             sym: crate::drivers::session::symbolizer_for(target.pid)?,
             maps_errors: crate::drivers::session::MapsErrors::default(),
             phase: config.spec.phase_probe.as_ref().map(Phase::start),
+            psi,
             pending: Pending::default(),
             stacks: StackCache::default(),
             processed_until: origin,
@@ -802,6 +805,7 @@ impl Follow {
             agg: &agg,
             table: &table,
             short_futex: &short_futex,
+            psi: self.psi.as_ref(),
         };
         chunk.analyze_and_export(
             &window,
@@ -809,6 +813,13 @@ impl Follow {
             &mut self.sym,
             self.phase.as_mut(),
         )?;
+        // Pressure readings before the last slot done are not asked again.
+        if let (Some(psi), Some(last)) = (&self.psi, done.last()) {
+            psi.log
+                .lock()
+                .unwrap()
+                .forget_before(last.start_ns + last.duration_ns());
+        }
         self.processed_until = b;
         Ok(())
     }
@@ -1020,6 +1031,8 @@ struct Window<'a> {
     agg: &'a Aggregator,
     table: &'a crate::pipeline::aggregate::StackTable,
     short_futex: &'a [(u64, u64, u64)],
+    /// The kernel's memory pressure readings.
+    psi: Option<&'a crate::kernel::psi::PsiSampler>,
 }
 
 impl Chunk<'_> {
@@ -1067,6 +1080,9 @@ impl Chunk<'_> {
                 profiles: p,
                 findings: &findings,
                 phase,
+                memory_pressure: w
+                    .psi
+                    .and_then(|psi| psi.over(slot.start_ns, slot.start_ns + slot.duration_ns())),
                 meta: &meta,
                 period_ns,
             };
