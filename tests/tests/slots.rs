@@ -167,6 +167,33 @@ fn index_html_renders_in_chromium_and_sorts() {
             "slot {n} not in the rendered page"
         );
     }
+    // The timeline drew every slot, with the on-CPU part and the rest of
+    // each slot in its pixels.
+    let canvas = dom
+        .split("<canvas id=\"timeline\"")
+        .nth(1)
+        .and_then(|r| r.split('>').next())
+        .expect("the timeline's canvas");
+    let attr = |name: &str| {
+        canvas
+            .split(&format!("{name}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let rows = dom.matches("oncpu.svg\">on-CPU</a>").count();
+    let colours = attr("data-colours");
+    assert!(
+        row(
+            "index.html",
+            "timeline: slots drawn, colours in its pixels",
+            &format!("{} of {rows}; {colours}", attr("data-slots")),
+            "every slot; on-CPU and the rest of the slot",
+            attr("data-slots") == rows.to_string() && colours.contains("part0") && colours.contains("rest")
+        ),
+        "{canvas}"
+    );
     // The sorting script works: click the slot column twice (descending).
     let probe = out.join("index-selftest.html");
     let html = std::fs::read_to_string(&index).unwrap().replace(

@@ -12,6 +12,7 @@
 //! once (one directory each). What makes a slot bad is the caller's rule
 //! ([`Outcomes`]). Pure apart from reading those files.
 
+pub mod html;
 pub mod stats;
 
 use std::{
@@ -40,6 +41,8 @@ pub struct SlotRow {
     pub phase: Option<String>,
     /// Its block, as `slotprof run` recorded it from the node's RPC.
     pub block: Option<BlockOutcome>,
+    /// How the timeline of `explain.html` draws it.
+    pub bar: crate::export::timeline::Bar,
 }
 
 /// The fields of a slot line explain reads (slot.json and slots.jsonl
@@ -57,11 +60,25 @@ struct Line {
     findings: Vec<LineFinding>,
     #[serde(default)]
     phase: Option<String>,
+    #[serde(default)]
+    start_ns: u64,
+    #[serde(default)]
+    aligned: bool,
+    #[serde(default)]
+    threads: Vec<LineThread>,
 }
 
 #[derive(Deserialize)]
 struct LineFinding {
     kind: String,
+    #[serde(default)]
+    duration_ns: u64,
+}
+
+#[derive(Deserialize)]
+struct LineThread {
+    #[serde(default)]
+    oncpu_ms: f64,
 }
 
 /// What reading a node's directory found.
@@ -168,6 +185,19 @@ fn read_blocks(dir: &Path, read: &mut Read) -> anyhow::Result<BTreeMap<u64, Bloc
 }
 
 fn row(node: &str, l: Line) -> SlotRow {
+    let mut bar = crate::export::timeline::Bar {
+        number: l.number,
+        start_ns: l.start_ns,
+        duration_ms: l.duration_ms,
+        leader: l.leader,
+        aligned: l.aligned,
+        phase: l.phase.clone(),
+        ..Default::default()
+    };
+    bar.parts[0] = l.threads.iter().map(|t| t.oncpu_ms).fold(0.0, f64::max);
+    for f in &l.findings {
+        bar.add_finding(&f.kind, f.duration_ns as f64 / 1e6);
+    }
     SlotRow {
         node: node.to_string(),
         slot: l.number,
@@ -177,6 +207,7 @@ fn row(node: &str, l: Line) -> SlotRow {
         kinds: l.findings.into_iter().map(|f| f.kind).collect(),
         phase: l.phase,
         block: None,
+        bar,
     }
 }
 
@@ -325,6 +356,19 @@ fn exposures(r: &SlotRow, prev: Option<&SlotRow>) -> BTreeSet<String> {
     e
 }
 
+/// A node's slots as its timeline draws them, each judged as the table
+/// judges it (leader slots only, when the data knows them).
+fn bars(rows: &[SlotRow], outcomes: &Outcomes) -> Vec<crate::export::timeline::Bar> {
+    let leaders_known = rows.iter().any(|r| r.leader);
+    rows.iter()
+        .map(|r| {
+            let mut b = r.bar.clone();
+            b.bad = (r.leader || !leaders_known).then(|| outcomes.bad(r)).flatten();
+            b
+        })
+        .collect()
+}
+
 /// Compares bad-slot rates with and without each exposure seen.
 pub fn table(node: &str, rows: &[SlotRow], outcomes: &Outcomes) -> Table {
     // A node's blocks are its leader slots: only those are judged, when
@@ -464,6 +508,7 @@ pub fn run(dirs: &[PathBuf], outcomes: &Outcomes, out: Option<&Path>) -> anyhow:
     let mut tables = Vec::new();
     let mut pooled = Vec::new();
     let mut bad_lines = BTreeMap::new();
+    let mut timelines = Vec::new();
     let mut text = format!("bad slots: {}\n", outcomes.describe());
     for d in dirs {
         let read = read_node(d)?;
@@ -486,6 +531,7 @@ pub fn run(dirs: &[PathBuf], outcomes: &Outcomes, out: Option<&Path>) -> anyhow:
         );
         text.push_str(&render(&t));
         tables.push(t);
+        timelines.push((node, bars(&read.rows, outcomes)));
         pooled.extend(read.rows);
     }
     if dirs.len() > 1 {
@@ -503,6 +549,10 @@ pub fn run(dirs: &[PathBuf], outcomes: &Outcomes, out: Option<&Path>) -> anyhow:
         };
         let path = out.join("explain.json");
         crate::output::write_atomic(&path, &serde_json::to_vec_pretty(&report)?)?;
+        text.push_str(&format!("  {}\n", path.display()));
+        let path = out.join("explain.html");
+        let page = html::page(&report.outcomes, &timelines, &report.tables);
+        crate::output::write_atomic(&path, page.as_bytes())?;
         text.push_str(&format!("  {}\n", path.display()));
     }
     Ok(text)
@@ -522,6 +572,7 @@ mod tests {
             kinds: kinds.iter().map(|k| k.to_string()).collect(),
             phase: phase.map(str::to_string),
             block: None,
+            bar: Default::default(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod diff;
 pub mod metrics;
 pub mod report;
 pub mod slot_export;
+pub mod timeline;
 
 use flamegraphs::pprof::ProfileMeta;
 

@@ -325,10 +325,20 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// One static, offline page: a sortable table of slots with links to each
-/// slot's flamegraphs.
+/// A slot summary's bar on the timeline.
+pub fn bar(s: &SlotSummary) -> super::timeline::Bar {
+    let findings: Vec<&Finding> = s.findings.iter().collect();
+    let busiest = s.threads.iter().map(|t| t.oncpu_ms).fold(0.0, f64::max);
+    let mut b = super::timeline::Bar::new(&s.slot, busiest, &findings);
+    b.phase = s.phase.map(str::to_string);
+    b
+}
+
+/// One static, offline page: the slot timeline, then a sortable table of
+/// slots with links to each slot's flamegraphs.
 pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings: &[Finding]) -> String {
     let mut count = 0;
+    let mut bars = Vec::new();
     let mut found = String::new();
     for f in findings {
         let _ = writeln!(
@@ -344,6 +354,7 @@ pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings
     let mut rows = String::new();
     for s in slots {
         count += 1;
+        bars.push(bar(s));
         let top: Vec<String> = s
             .threads
             .iter()
@@ -380,9 +391,10 @@ th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; vertical-
 td:nth-child(6), td.text {{ text-align: left; font-size: 90%; }}
 th {{ cursor: pointer; background: #eee; }}
 tr.unaligned {{ color: #999; }}
-</style></head>
+{style}</style></head>
 <body>
 <h1>slotprof: {count} slots</h1>
+{timeline}
 <p>Click a column to sort. Times in ms. Top threads: name on-CPU/off-CPU ms. Grey rows: slot boundaries guessed, not from the slot source.</p>
 <h2>Findings ({nfindings})</h2>
 <table id="findings"><thead><tr><th>kind</th><th>slot</th><th>thread</th><th>ms</th><th>what happened</th></tr></thead>
@@ -413,5 +425,7 @@ document.querySelectorAll("#slots th").forEach(function (th, col) {{
 "##,
         count = count,
         nfindings = findings.len(),
+        style = super::timeline::STYLE,
+        timeline = super::timeline::section("timeline", &bars, Some("slots/")),
     )
 }
