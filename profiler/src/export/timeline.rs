@@ -184,106 +184,123 @@ pub fn section(id: &str, bars: &[Bar], links: Option<&str>) -> String {
 <div id="{id}-detail" class="timeline-detail">{count} slots</div>
 <script id="{id}-data" type="application/json">{data}</script>
 <script>
-(function () {{
-  var PARTS = [{parts}], KINDS = [{kinds}], LINKS = {links};
+{script}
+slotprofTimeline("{id}", [{parts}], [{kinds}], {links});
+</script>
+<noscript>The timeline needs JavaScript; the table below has every slot.</noscript>
+</section>
+"##,
+        id = id,
+        count = bars.len(),
+        data = data,
+        script = SCRIPT,
+        parts = parts_js.join(","),
+        kinds = kinds_js.join(","),
+        links = links_js,
+    )
+}
+
+/// The timeline's script: `slotprofTimeline(id, parts, kinds, links)` draws
+/// the canvas `id` from the JSON in `id-data` (see [`section`]).
+const SCRIPT: &str = r##"function slotprofTimeline(ID, PARTS, KINDS, LINKS) {
   var REST = "#d0d0d0", LEADER = "#dce8fa", SLOW = "#d62728", FAST = "#98df8a", MARK = "#000000", BAD = "#8b008b";
-  var data = JSON.parse(document.getElementById("{id}-data").textContent);
-  var cv = document.getElementById("{id}"), cx = cv.getContext("2d", {{willReadFrequently: true}});
-  var detail = document.getElementById("{id}-detail");
+  var data = JSON.parse(document.getElementById(ID + "-data").textContent);
+  var cv = document.getElementById(ID), cx = cv.getContext("2d", {willReadFrequently: true});
+  var detail = document.getElementById(ID + "-detail");
   var from = 0, to = data.length, selected = -1;
   var TOP = 32, H = 200;
-  function fit() {{
+  function fit() {
     var w = Math.round(Math.min(1600, Math.max(600, cv.getBoundingClientRect().width || 1200)));
     if (cv.width !== w) cv.width = w;
-  }}
-  function columns() {{
+  }
+  function columns() {
     var W = cv.width, n = to - from, cols = [];
     if (n <= 0) return cols;
-    if (n <= W) {{
-      for (var i = from; i < to; i++) {{
+    if (n <= W) {
+      for (var i = from; i < to; i++) {
         var x0 = Math.floor((i - from) * W / n), x1 = Math.floor((i - from + 1) * W / n);
-        cols.push({{x: x0, w: Math.max(1, x1 - x0), a: i, b: i + 1}});
-      }}
-    }} else {{
-      for (var c = 0; c < W; c++) {{
+        cols.push({x: x0, w: Math.max(1, x1 - x0), a: i, b: i + 1});
+      }
+    } else {
+      for (var c = 0; c < W; c++) {
         var a = from + Math.floor(c * n / W), b = from + Math.floor((c + 1) * n / W);
-        if (b > a) cols.push({{x: c, w: 1, a: a, b: b}});
-      }}
-    }}
+        if (b > a) cols.push({x: c, w: 1, a: a, b: b});
+      }
+    }
     return cols;
-  }}
-  function agg(col) {{
+  }
+  function agg(col) {
     // The bar is the column's slot with the most stall time (then the
     // longest): a real slot, the worst; the marks are any slot's.
-    var r = {{dur: 0, parts: [0, 0, 0, 0, 0, 0], leader: false, slow: false, fast: false, mask: 0, bad: false}};
+    var r = {dur: 0, parts: [0, 0, 0, 0, 0, 0], leader: false, slow: false, fast: false, mask: 0, bad: false};
     var worst = -1, key = -1;
-    for (var i = col.a; i < col.b; i++) {{
+    for (var i = col.a; i < col.b; i++) {
       var d = data[i], k = (d[5] + d[6] + d[7] + d[8] + d[9]) * 1e6 + d[2];
-      if (k > key) {{ key = k; worst = i; }}
+      if (k > key) { key = k; worst = i; }
       r.leader = r.leader || (d[3] & 1) !== 0;
       r.slow = r.slow || (d[3] & 4) !== 0;
       r.fast = r.fast || (d[3] & 8) !== 0;
       r.mask |= d[10];
       r.bad = r.bad || d[11] === 1;
-    }}
-    if (worst >= 0) {{
+    }
+    if (worst >= 0) {
       r.dur = data[worst][2];
       for (var p = 0; p < 6; p++) r.parts[p] = data[worst][4 + p];
-    }}
+    }
     return r;
-  }}
-  function draw() {{
+  }
+  function draw() {
     var t0 = performance.now();
     fit();
-    var W = cv.width, cols = columns(), max = 0, stats = {{cols: 0, findings: 0, leader: 0, bad: 0}};
+    var W = cv.width, cols = columns(), max = 0, stats = {cols: 0, findings: 0, leader: 0, bad: 0};
     cx.fillStyle = "#ffffff";
     cx.fillRect(0, 0, W, cv.height);
     var aggs = cols.map(agg);
-    aggs.forEach(function (r) {{ max = Math.max(max, r.dur); }});
+    aggs.forEach(function (r) { max = Math.max(max, r.dur); });
     // The longest slot fills all but the top 20 px: a leader window's
     // shade shows above every bar.
     var scale = max > 0 ? (H - 20) / max : 0;
-    cols.forEach(function (col, k) {{
+    cols.forEach(function (col, k) {
       var r = aggs[k];
       stats.cols++;
-      if (r.leader) {{ cx.fillStyle = LEADER; cx.fillRect(col.x, TOP, col.w, H); stats.leader++; }}
-      if (r.slow || r.fast) {{ cx.fillStyle = r.slow ? SLOW : FAST; cx.fillRect(col.x, 0, col.w, 8); }}
-      if (r.mask) {{ cx.fillStyle = MARK; cx.fillRect(col.x, 11, col.w, 7); stats.findings++; }}
-      if (r.bad) {{ cx.fillStyle = BAD; cx.fillRect(col.x, 21, col.w, 7); stats.bad++; }}
+      if (r.leader) { cx.fillStyle = LEADER; cx.fillRect(col.x, TOP, col.w, H); stats.leader++; }
+      if (r.slow || r.fast) { cx.fillStyle = r.slow ? SLOW : FAST; cx.fillRect(col.x, 0, col.w, 8); }
+      if (r.mask) { cx.fillStyle = MARK; cx.fillRect(col.x, 11, col.w, 7); stats.findings++; }
+      if (r.bad) { cx.fillStyle = BAD; cx.fillRect(col.x, 21, col.w, 7); stats.bad++; }
       var total = Math.round(r.dur * scale), y = TOP + H, left = total;
-      for (var p = 0; p < 6 && left > 0; p++) {{
+      for (var p = 0; p < 6 && left > 0; p++) {
         var h = Math.min(left, Math.round(r.parts[p] * scale));
         if (h <= 0) continue;
         cx.fillStyle = PARTS[p][1];
         cx.fillRect(col.x, y - h, col.w, h);
         y -= h; left -= h;
-      }}
-      if (left > 0) {{ cx.fillStyle = REST; cx.fillRect(col.x, y - left, col.w, left); }}
-      if (selected >= col.a && selected < col.b) {{
+      }
+      if (left > 0) { cx.fillStyle = REST; cx.fillRect(col.x, y - left, col.w, left); }
+      if (selected >= col.a && selected < col.b) {
         cx.strokeStyle = "#ffbf00"; cx.lineWidth = 1;
         cx.strokeRect(col.x + 0.5, TOP + 0.5, Math.max(1, col.w - 1), H - 1);
-      }}
-    }});
+      }
+    });
     // The slot numbers at the ends and the middle of the view.
-    if (to > from) {{
+    if (to > from) {
       cx.fillStyle = "#333333"; cx.font = "11px sans-serif"; cx.textBaseline = "bottom";
       cx.textAlign = "left"; cx.fillText(String(data[from][0]), 2, cv.height);
       cx.textAlign = "center"; cx.fillText(String(data[Math.floor((from + to) / 2)][0]), W / 2, cv.height);
       cx.textAlign = "right"; cx.fillText(String(data[to - 1][0]), W - 2, cv.height);
-    }}
+    }
     var ms = performance.now() - t0;
-    var seen = {{}}, px = cx.getImageData(0, 0, W, cv.height).data;
-    var palette = {{rest: REST, leader: LEADER, slow: SLOW, fast: FAST, findings: MARK, bad: BAD}};
-    PARTS.forEach(function (p, i) {{ palette["part" + i] = p[1]; }});
-    var byRgb = {{}};
-    Object.keys(palette).forEach(function (name) {{
+    var seen = {}, px = cx.getImageData(0, 0, W, cv.height).data;
+    var palette = {rest: REST, leader: LEADER, slow: SLOW, fast: FAST, findings: MARK, bad: BAD};
+    PARTS.forEach(function (p, i) { palette["part" + i] = p[1]; });
+    var byRgb = {};
+    Object.keys(palette).forEach(function (name) {
       var h = palette[name];
       byRgb[parseInt(h.slice(1), 16)] = name;
-    }});
-    for (var q = 0; q < px.length; q += 4) {{
+    });
+    for (var q = 0; q < px.length; q += 4) {
       var name = byRgb[(px[q] << 16) | (px[q + 1] << 8) | px[q + 2]];
       if (name) seen[name] = 1;
-    }}
+    }
     var ds = cv.dataset;
     ds.slots = String(data.length);
     ds.from = String(from); ds.to = String(to);
@@ -293,71 +310,59 @@ pub fn section(id: &str, bars: &[Bar], links: Option<&str>) -> String {
     ds.badColumns = String(stats.bad);
     ds.colours = Object.keys(seen).sort().join(" ");
     ds.drawMs = ms.toFixed(1);
-  }}
-  function slotAt(ev) {{
+  }
+  function slotAt(ev) {
     var rect = cv.getBoundingClientRect(), x = (ev.clientX - rect.left) * cv.width / rect.width;
     var n = to - from;
     return Math.min(to - 1, Math.max(from, from + Math.floor(x * n / cv.width)));
-  }}
-  function show(i) {{
+  }
+  function show(i) {
     selected = i;
     var d = data[i], parts = [];
     for (var p = 0; p < 6; p++) if (d[4 + p] > 0) parts.push(PARTS[p][0] + " " + d[4 + p] + " ms");
-    var kinds = KINDS.filter(function (k, j) {{ return (d[10] >> j) & 1; }});
+    var kinds = KINDS.filter(function (k, j) { return (d[10] >> j) & 1; });
     var html = "slot " + d[0] + ((d[3] & 1) ? " (leader)" : "") + ": " + d[2] + " ms" +
       (d[1] >= 0 ? ", at " + (d[1] / 1000).toFixed(1) + " s" : "") +
       ((d[3] & 4) ? ", slow phase" : (d[3] & 8) ? ", fast phase" : "") +
       (d[11] === 1 ? ", <b>bad</b>" : d[11] === 0 ? ", good" : "") +
       (parts.length ? "; " + parts.join(", ") : "") +
       (kinds.length ? "; findings: " + kinds.join(", ") : "");
-    if (LINKS !== null) {{
+    if (LINKS !== null) {
       var base = LINKS + d[0] + "/";
       html += ' — <a href="' + base + 'oncpu.svg">on-CPU</a> <a href="' + base + 'offcpu.svg">off-CPU</a> <a href="' + base + 'slot.json">slot.json</a>';
-    }}
+    }
     detail.innerHTML = html;
     draw();
-  }}
-  cv.addEventListener("wheel", function (ev) {{
+  }
+  cv.addEventListener("wheel", function (ev) {
     ev.preventDefault();
     var at = slotAt(ev), n = to - from;
     var m = ev.deltaY < 0 ? Math.max(10, Math.round(n / 1.5)) : Math.min(data.length, Math.round(n * 1.5));
     var f = Math.round(at - (at - from) * m / Math.max(1, n));
     from = Math.max(0, Math.min(data.length - m, f)); to = from + m;
     draw();
-  }}, {{passive: false}});
+  }, {passive: false});
   var drag = null;
-  cv.addEventListener("mousedown", function (ev) {{ drag = {{x: ev.clientX, from: from, moved: false}}; }});
-  window.addEventListener("mouseup", function () {{ setTimeout(function () {{ drag = null; }}, 0); }});
-  cv.addEventListener("mousemove", function (ev) {{
+  cv.addEventListener("mousedown", function (ev) { drag = {x: ev.clientX, from: from, moved: false}; });
+  window.addEventListener("mouseup", function () { setTimeout(function () { drag = null; }, 0); });
+  cv.addEventListener("mousemove", function (ev) {
     if (!drag) return;
     var n = to - from, dx = ev.clientX - drag.x;
     var shift = Math.round(-dx * n / cv.getBoundingClientRect().width);
     if (shift !== 0) drag.moved = true;
     from = Math.max(0, Math.min(data.length - n, drag.from + shift)); to = from + n;
     draw();
-  }});
-  cv.addEventListener("click", function (ev) {{ if (!drag || !drag.moved) show(slotAt(ev)); }});
-  cv.addEventListener("dblclick", function () {{ from = 0; to = data.length; draw(); }});
+  });
+  cv.addEventListener("click", function (ev) { if (!drag || !drag.moved) show(slotAt(ev)); });
+  cv.addEventListener("dblclick", function () { from = 0; to = data.length; draw(); });
   window.addEventListener("resize", draw);
-  window.slotprofTimelines = window.slotprofTimelines || {{}};
-  window.slotprofTimelines["{id}"] = {{
-    zoom: function (a, b) {{ from = Math.max(0, a); to = Math.min(data.length, b); draw(); }},
+  window.slotprofTimelines = window.slotprofTimelines || {};
+  window.slotprofTimelines[ID] = {
+    zoom: function (a, b) { from = Math.max(0, a); to = Math.min(data.length, b); draw(); },
     select: show
-  }};
+  };
   draw();
-}})();
-</script>
-<noscript>The timeline needs JavaScript; the table below has every slot.</noscript>
-</section>
-"##,
-        id = id,
-        count = bars.len(),
-        data = data,
-        parts = parts_js.join(","),
-        kinds = kinds_js.join(","),
-        links = links_js,
-    )
-}
+}"##;
 
 /// The legend's and the timeline's style (for the page's `<style>`).
 pub const STYLE: &str = "p.legend span { margin-right: 1.2em; white-space: nowrap; font-size: 90%; }\n\
@@ -418,8 +423,11 @@ mod tests {
             html.contains(&format!("[[7,0,400,7,210,12,0,0,0,35,{kinds_mask},-1]]")),
             "{html}"
         );
-        assert!(html.contains("var PARTS = [[\"on-CPU (busiest thread)\",\"#4c78a8\"]"));
-        assert!(html.contains("LINKS = \"slots/\""));
+        assert!(
+            html.contains("slotprofTimeline(\"timeline\", [[\"on-CPU (busiest thread)\",\"#4c78a8\"]"),
+            "{html}"
+        );
+        assert!(html.contains("], \"slots/\");"));
     }
 
     #[test]
@@ -433,9 +441,6 @@ mod tests {
         assert_eq!(bar.kinds, ["LockContention", "SomethingNew"]);
         // An unknown kind has no bit: the data stays well-formed.
         let html = section("t-1", &[bar], None);
-        assert!(
-            html.contains(",8,-1]]") && html.contains("LINKS = null"),
-            "{html}"
-        );
+        assert!(html.contains(",8,-1]]") && html.contains("], null);"), "{html}");
     }
 }
