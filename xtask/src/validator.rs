@@ -98,7 +98,7 @@ pub fn binary(root: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// A new file in `dir` with a random name (O_EXCL through mkstemp).
-fn tempfile_in(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn tempfile_in(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
     let template = dir.join(format!(".{prefix}.XXXXXX"));
     let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())?.into_bytes_with_nul();
     let fd = unsafe { libc::mkstemp(bytes.as_mut_ptr().cast()) };

@@ -50,6 +50,7 @@ pub(super) fn build_initramfs(
     tests: &[(String, PathBuf)],
     wanted: &dyn Fn(&str, &str) -> bool,
     group: &Group,
+    disk_driver: Option<&[u8]>,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
     // The binaries, the stall programs built without frame pointers
@@ -93,6 +94,9 @@ pub(super) fn build_initramfs(
     // CPUs 0 and 1 are two sockets (QEMU's -smp below): two L3 domains in
     // the guest's sysfs, which the cache-line tests assert on.
     script.push_str("export SLOTPROF_TEST_VM_SOCKETS=2\n");
+    if disk_driver.is_some() && !group.systemd {
+        script.push_str(DISK_AND_CGROUP);
+    }
     for (name, exe) in tests {
         files.insert(exe.clone());
         for test in list_tests(exe)?.into_iter().filter(|t| wanted(name, t)) {
@@ -121,6 +125,9 @@ pub(super) fn build_initramfs(
         cpio.dir(Path::new(dir))?;
     }
     cpio.file(Path::new("bin/busybox"), busybox, 0o755)?;
+    if let Some(ko) = disk_driver {
+        cpio.bytes(Path::new("virtio_blk.ko"), ko, 0o644)?;
+    }
     cpio.bytes(Path::new("init"), script.as_bytes(), 0o755)?;
     if group.systemd {
         systemd_units(&mut cpio)?;
@@ -329,6 +336,23 @@ run_one() {
   wait $pid
   echo "SLOTPROF-TEST-END $1 $2 rc=$?"
 }
+"#;
+
+/// The disk the host made (an ext4 image on virtio-blk, its driver a
+/// module of the kernel's package) as the tests' temporary directory: the
+/// initramfs is RAM, whose pages are not reclaimed without swap, so the
+/// memory-pressure test needs a disk under its file. And cgroup v2, with
+/// the memory controller, for its limit.
+pub(super) const DISK_AND_CGROUP: &str = r#"if [ -f /virtio_blk.ko ] && insmod /virtio_blk.ko; then
+  for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] && break; sleep 1; done
+  mkdir -p /disk
+  if mount -t ext4 /dev/vda /disk; then
+    export TMPDIR=/disk
+    echo "SLOTPROF-VM-DISK /disk (ext4 on virtio-blk) is TMPDIR"
+  fi
+fi
+mkdir -p /sys/fs/cgroup
+mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true
 "#;
 
 pub(super) const INIT_TAIL: &str = r#"echo "SLOTPROF-VM-END"

@@ -104,6 +104,68 @@ const GROUPS: &[Group] = &[
 /// (`SLOTPROF_TEST_TIME_SCALE`, read by the tests' `time_scale()`).
 const TCG_TIME_SCALE: u32 = 5;
 
+/// A disk for a boot: an ext4 image (sparse, in a private file of the
+/// cache) and the kernel's virtio-blk driver to reach it; removed when
+/// dropped.
+struct Disk {
+    image: PathBuf,
+    driver: Vec<u8>,
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// The disk for a boot of `kernel`, or None (said: the memory-pressure
+/// test is then skipped in the VM, with its reason).
+fn disk_for(kernel: &Kernel, cache: &Path) -> Option<Disk> {
+    let made = (|| -> anyhow::Result<Disk> {
+        let ko = kernel
+            .vmlinux
+            .parent()
+            .context("the kernel's directory")?
+            .join("lib/modules")
+            .join(&kernel.release)
+            .join("kernel/drivers/block/virtio_blk.ko.xz");
+        let out = std::process::Command::new("xz")
+            .arg("-dc")
+            .arg(&ko)
+            .output()
+            .with_context(|| format!("cannot run xz on {}", ko.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "xz -dc {}: {}",
+            ko.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        let image = crate::validator::tempfile_in(cache, "disk")?;
+        let disk = Disk {
+            image,
+            driver: out.stdout,
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&disk.image)?
+            .set_len(1 << 30)?;
+        let status = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
+            .arg(&disk.image)
+            .status()
+            .context("cannot run mkfs.ext4 (apt-get install e2fsprogs)")?;
+        anyhow::ensure!(status.success(), "mkfs.ext4 failed");
+        Ok(disk)
+    })();
+    match made {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("xtask: no disk for the VM ({e:#}): the tests that need one will be SKIPPED in it");
+            None
+        }
+    }
+}
+
 /// Kernel lines tested when none is given.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 
@@ -142,6 +204,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             continue;
         }
         let kernel = kernel_image(root, &cache, line)?;
+        let disk = disk_for(&kernel, &cache);
         let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
         let group_tests: Vec<(String, PathBuf)> = tests
             .iter()
@@ -154,11 +217,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o))
                 && group.tests.is_none_or(|g| t.contains(g))
         };
-        let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group)?;
+        let driver = disk.as_ref().map(|d| d.driver.as_slice());
+        let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group, driver)?;
         if names.is_empty() {
             continue;
         }
-        let result = boot(&kernel, &initramfs, line, group, &cache);
+        let image = disk.as_ref().map(|d| d.image.as_path());
+        let result = boot(&kernel, &initramfs, line, group, &cache, image);
         let _ = std::fs::remove_file(&initramfs);
         match result {
             Ok(results) => {
@@ -186,8 +251,8 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
                     let log = |tag: &str| cache.join(format!("console-{line}-{}{tag}.log", group.name));
                     let _ = std::fs::rename(log(""), log("-first-run"));
                     let again = |b: &str, t: &str| failed.contains(&(b.to_string(), t.to_string()));
-                    build_initramfs(root, &initramfs, &busybox, &group_tests, &again, group)?;
-                    let second = boot(&kernel, &initramfs, line, group, &cache);
+                    build_initramfs(root, &initramfs, &busybox, &group_tests, &again, group, driver)?;
+                    let second = boot(&kernel, &initramfs, line, group, &cache, image);
                     let _ = std::fs::remove_file(&initramfs);
                     if let Ok(second) = second {
                         retried = second;

@@ -37,6 +37,7 @@ pub(super) fn boot(
     line: &str,
     group: &Group,
     cache: &Path,
+    disk: Option<&Path>,
 ) -> anyhow::Result<BTreeMap<(String, String), (Outcome, String)>> {
     let log_path = cache.join(format!("console-{line}-{}.log", group.name));
     let mut log = std::fs::File::create(&log_path)?;
@@ -66,6 +67,15 @@ pub(super) fn boot(
         .arg(&kernel.vmlinux)
         .arg("-initrd")
         .arg(initramfs)
+        .args(
+            disk.map(|d| {
+                vec![
+                    "-drive".to_string(),
+                    format!("file={},if=virtio,format=raw,cache=unsafe", d.display()),
+                ]
+            })
+            .unwrap_or_default(),
+        )
         .args([
             "-append",
             "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
