@@ -29,8 +29,8 @@ pub struct Attached {
     /// What the program-cache probes are on, or why there are none (a
     /// line to say once; None when they were turned off).
     pub program_cache: Option<String>,
-    /// The kernel's memory pressure, read beside the probes (None without
-    /// PSI in the kernel).
+    /// The kernel's memory pressure, read beside the probes when there are
+    /// slots (None without a slot source, or without PSI in the kernel).
     pub psi: Option<crate::kernel::psi::PsiSampler>,
 }
 
@@ -105,7 +105,12 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
         source_task,
         not_attached,
         program_cache,
-        psi: crate::kernel::psi::PsiSampler::start(target.pid),
+        // Read for the slots' records only: a session without slots
+        // does not pay for the reading thread.
+        psi: slot_source
+            .is_some()
+            .then(|| crate::kernel::psi::PsiSampler::start(target.pid))
+            .flatten(),
     })
 }
 
