@@ -122,29 +122,34 @@ impl Drop for Disk {
 /// test is then skipped in the VM, with its reason).
 fn disk_for(kernel: &Kernel, cache: &Path) -> Option<Disk> {
     let made = (|| -> anyhow::Result<Disk> {
-        let ko = kernel
+        let dir = kernel
             .vmlinux
             .parent()
             .context("the kernel's directory")?
             .join("lib/modules")
             .join(&kernel.release)
-            .join("kernel/drivers/block/virtio_blk.ko.xz");
-        let out = std::process::Command::new("xz")
-            .arg("-dc")
-            .arg(&ko)
-            .output()
-            .with_context(|| format!("cannot run xz on {}", ko.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "xz -dc {}: {}",
-            ko.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        let image = crate::validator::tempfile_in(cache, "disk")?;
-        let disk = Disk {
-            image,
-            driver: out.stdout,
+            .join("kernel/drivers/block");
+        // Packaged plain (6.1's) or xz-compressed (6.12's).
+        let plain = dir.join("virtio_blk.ko");
+        let driver = if plain.is_file() {
+            std::fs::read(&plain)?
+        } else {
+            let ko = dir.join("virtio_blk.ko.xz");
+            let out = std::process::Command::new("xz")
+                .arg("-dc")
+                .arg(&ko)
+                .output()
+                .with_context(|| format!("cannot run xz on {}", ko.display()))?;
+            anyhow::ensure!(
+                out.status.success(),
+                "xz -dc {}: {}",
+                ko.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            out.stdout
         };
+        let image = crate::validator::tempfile_in(cache, "disk")?;
+        let disk = Disk { image, driver };
         std::fs::OpenOptions::new()
             .write(true)
             .open(&disk.image)?
