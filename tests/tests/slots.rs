@@ -182,7 +182,7 @@ fn index_html_renders_in_chromium_and_sorts() {
             .unwrap_or_default()
             .to_string()
     };
-    let rows = dom.matches("oncpu.svg\">on-CPU</a>").count();
+    let rows = dom.matches("/oncpu.svg\">on-CPU</a>").count();
     let colours = attr("data-colours");
     assert!(
         row(

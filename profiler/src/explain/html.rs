@@ -6,14 +6,10 @@
 use std::fmt::Write as _;
 
 use super::{stats, Table};
-use crate::export::timeline::{self, Bar};
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
+use crate::export::{
+    slot_export::escape,
+    timeline::{self, Bar},
+};
 
 /// A table's forest plot: one row per exposure with a ratio, the interval
 /// as a line, the ratio as a dot (red where the interval is above 1).

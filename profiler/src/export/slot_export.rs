@@ -318,7 +318,8 @@ pub fn write_trace(
     w.write_all(b"]}\n")
 }
 
-fn escape(s: &str) -> String {
+/// Text made safe to put in HTML (element content and quoted attributes).
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -178,6 +178,13 @@ impl Fetcher {
         }
     }
 
+    /// A leader slot whose block is not asked for (its boundaries were
+    /// guessed, not from the slot source: its number may not be the
+    /// node's): counted, so that every exported leader slot is accounted.
+    pub fn not_asked(&self) {
+        self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// One line for the log.
     pub fn summary(&self) -> String {
         let c = &self.counts;

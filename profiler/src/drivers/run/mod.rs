@@ -1088,8 +1088,10 @@ impl Chunk<'_> {
             };
             self.exporter.slot(&result)?;
             metrics::SlotMetrics(self.snapshot).slot(&result)?;
-            if let Some(b) = self.blocks.filter(|_| slot.leader && slot.aligned) {
-                b.ended(slot.number);
+            match self.blocks.filter(|_| slot.leader) {
+                Some(b) if slot.aligned => b.ended(slot.number),
+                Some(b) => b.not_asked(),
+                None => {}
             }
             self.snapshot.lock().unwrap().exported(self.exporter);
         }
