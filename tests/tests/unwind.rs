@@ -232,11 +232,11 @@ fn release_builds_with_and_without_frame_pointers_unwind_to_the_thread_start_lik
         );
         // Copies not made (the ring over half full): rare natively, more
         // under TCG, where the reader runs on an emulated CPU. 6.12's VM on
-        // 2026-12-05: 4-9% of samples and 3-36% of the waiter's off-CPU
-        // time, up from what passed the old 95%-whole bound the day before
-        // (cause not found yet: see the stop note); the bound under TCG is
-        // what that day saw, doubled.
-        let bound = if time_scale() > 1 { 0.75 } else { 0.02 };
+        // 2026-12-05: 0.2-9% of samples and of the waiter's off-CPU time in
+        // most boots, 36% in one (cause not found yet: see that day's stop
+        // note); the bound stays where the old 95%-whole bound had it,
+        // about.
+        let bound = if time_scale() > 1 { 0.10 } else { 0.02 };
         for (what, sh) in [("on-CPU samples", &hot), ("off-CPU time", &wait)] {
             assert!(
                 row(
