@@ -17,12 +17,13 @@ use profiler_ebpf::cache_work;
 use super::{ms, Buckets, DetectorConfig, Finding, FindingKind, Inputs, NameStack};
 use crate::records::StackKey;
 
-/// The kinds of work, as the uprobes' cookies say, with their names.
+/// The kinds of work, as the uprobes' cookies say: their magnitude and
+/// what the explanation calls them.
 const KINDS: [(u32, &str, &str); 4] = [
-    (cache_work::LOAD, "load", "loading"),
-    (cache_work::VERIFY, "verify", "verifying"),
-    (cache_work::JIT, "jit", "JIT-compiling"),
-    (cache_work::EVICT, "evict", "evicting or pruning"),
+    (cache_work::LOAD, "load_ms", "loading"),
+    (cache_work::VERIFY, "verify_ms", "verifying"),
+    (cache_work::JIT, "jit_ms", "JIT-compiling"),
+    (cache_work::EVICT, "evict_ms", "evicting or pruning"),
 ];
 
 fn kind_name(what: u32) -> Option<(&'static str, &'static str)> {
@@ -107,15 +108,7 @@ fn finding(inputs: &Inputs, tid: u32, a: Acc, names: &mut NameStack) -> Finding 
             continue;
         };
         calls += n;
-        magnitudes.insert(
-            match name {
-                "load" => "load_ms",
-                "verify" => "verify_ms",
-                "jit" => "jit_ms",
-                _ => "evict_ms",
-            },
-            ms(*ns),
-        );
+        magnitudes.insert(name, ms(*ns));
         parts.push(format!("{doing} {:.1} ms ({n} calls)", ms(*ns)));
     }
     magnitudes.insert("calls", calls as f64);

@@ -891,7 +891,7 @@ fn write_outputs(
                     memory_pressure: c
                         .psi
                         .as_ref()
-                        .and_then(|psi| psi.over(slot.start_ns, slot.start_ns + slot.duration_ns())),
+                        .and_then(|psi| psi.over(slot.start_ns, slot.end_ns)),
                     meta: &a.meta,
                     period_ns,
                 })

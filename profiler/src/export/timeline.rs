@@ -78,13 +78,7 @@ impl Bar {
         };
         bar.parts[0] = busiest_oncpu_ms;
         for f in findings {
-            if let Some(p) = part_of(f.kind) {
-                bar.parts[p] += f.duration_ns as f64 / 1e6;
-            }
-            let k = f.kind.to_string();
-            if !bar.kinds.contains(&k) {
-                bar.kinds.push(k);
-            }
+            bar.add_finding(f.kind.as_str(), f.duration_ns as f64 / 1e6);
         }
         bar
     }

@@ -815,10 +815,7 @@ impl Follow {
         )?;
         // Pressure readings before the last slot done are not asked again.
         if let (Some(psi), Some(last)) = (&self.psi, done.last()) {
-            psi.log
-                .lock()
-                .unwrap()
-                .forget_before(last.start_ns + last.duration_ns());
+            psi.log.lock().unwrap().forget_before(last.end_ns);
         }
         self.processed_until = b;
         Ok(())
@@ -1080,9 +1077,7 @@ impl Chunk<'_> {
                 profiles: p,
                 findings: &findings,
                 phase,
-                memory_pressure: w
-                    .psi
-                    .and_then(|psi| psi.over(slot.start_ns, slot.start_ns + slot.duration_ns())),
+                memory_pressure: w.psi.and_then(|psi| psi.over(slot.start_ns, slot.end_ns)),
                 meta: &meta,
                 period_ns,
             };
