@@ -77,7 +77,7 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
         _ => None,
     };
     let (cache_uprobes, program_cache) = program_cache_uprobes(exe.or(target.exe.as_deref()), program_cache)?;
-    let mut probes = Probes::load(&ProbeConfig {
+    let (probes, ring) = Probes::load(&ProbeConfig {
         tgid: target.pid,
         slot_uprobe,
         loop_uprobe,
@@ -97,7 +97,6 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
             )
         })
         .collect();
-    let ring = RingReader::start(probes.take_events()?)?;
     Ok(Attached {
         probes,
         ring,

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{bail, Context};
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
@@ -27,7 +27,7 @@ use profiler_ebpf::{
 };
 use serde::Serialize;
 
-use crate::kernel::tracefs;
+use crate::kernel::{ring_reader::RingReader, tracefs};
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
 pub type StackTable = HashMap<i32, Vec<u64>>;
@@ -162,9 +162,11 @@ pub struct Probes {
 impl Probes {
     /// Loads the object with `config` and attaches every probe it can. A
     /// probe that fails to attach is recorded in `status`; failing to attach
-    /// any probe at all is an error.
-    pub fn load(config: &ProbeConfig) -> anyhow::Result<Self> {
-        let mut ebpf = open(config.tgid, config.min_offcpu, config.stack_repeat, true)?;
+    /// any probe at all is an error. The event ring's reader is started
+    /// before the first probe is attached (see [`open_with_reader`]).
+    pub fn load(config: &ProbeConfig) -> anyhow::Result<(Self, RingReader)> {
+        let (mut ebpf, reader) =
+            open_with_reader(open(config.tgid, config.min_offcpu, config.stack_repeat, true)?)?;
 
         let btf = kernel_btf();
         let mut status = vec![
@@ -271,19 +273,19 @@ impl Probes {
                 config.tgid,
             ));
         }
-        Self::attached(ebpf, status, config.probe_stats)
+        Ok((Self::attached(ebpf, status, config.probe_stats)?, reader))
     }
 
     /// Loads the object and attaches the host-side memory probes
     /// (`slotprof host`, system-wide): KVM invalidations, compaction and
     /// page migration.
-    pub fn load_host(probe_stats: bool) -> anyhow::Result<Self> {
-        let mut ebpf = open(0, Duration::ZERO, Duration::ZERO, false)?;
+    pub fn load_host(probe_stats: bool) -> anyhow::Result<(Self, RingReader)> {
+        let (mut ebpf, reader) = open_with_reader(open(0, Duration::ZERO, Duration::ZERO, false)?)?;
         let status = HOST_PROBES
             .iter()
             .map(|(program, category, name)| attach_tracepoint(&mut ebpf, program, &[(category, name)]))
             .collect();
-        Self::attached(ebpf, status, probe_stats)
+        Ok((Self::attached(ebpf, status, probe_stats)?, reader))
     }
 
     fn attached(ebpf: Ebpf, mut status: Vec<ProbeStatus>, probe_stats: bool) -> anyhow::Result<Self> {
@@ -333,11 +335,6 @@ impl Probes {
     }
 
     /// The ring buffer every record arrives through (can be taken once).
-    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self.ebpf.take_map(map::EVENTS).context("EVENTS map missing")?;
-        Ok(RingBuf::try_from(map)?)
-    }
-
     /// The kernel-side counters now.
     pub fn counters(&self) -> anyhow::Result<Counters> {
         let map = self.ebpf.map(map::COUNTERS).context("COUNTERS map missing")?;
@@ -485,6 +482,21 @@ fn stack_map_name(epoch: u32) -> &'static str {
     } else {
         map::STACKS_ODD
     }
+}
+
+/// Starts the event ring's reader on a loaded object, before any of its
+/// programs is loaded into the kernel or attached. Each program is verified
+/// as it is attached, which takes most of attaching (seconds in an emulated
+/// test VM, with the sampler and sched_switch already running): with the
+/// reader started after the last attach, their records filled the ring
+/// meanwhile, and the stack copies of the session's first seconds were
+/// skipped as "ring busy" (over half full) or lost. The programs keep
+/// the ring's file descriptor in their instructions (relocated when the
+/// object was loaded); the reader holds it open.
+fn open_with_reader(mut ebpf: Ebpf) -> anyhow::Result<(Ebpf, RingReader)> {
+    let map = ebpf.take_map(map::EVENTS).context("EVENTS map missing")?;
+    let reader = RingReader::start(RingBuf::try_from(map)?)?;
+    Ok((ebpf, reader))
 }
 
 /// Mounts tracefs if needed and loads the object with its settings.

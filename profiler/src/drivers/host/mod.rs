@@ -44,7 +44,6 @@ use crate::{
     export::report::ProbeCost,
     kernel::events::{self, comm_str},
     kernel::probes::{ProbeStatus, Probes},
-    kernel::ring_reader::RingReader,
     kernel::tracefs,
     output::write_atomic,
     slots::monotonic_ns,
@@ -259,7 +258,10 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
             "--vm-pid {pid}: cannot read /proc/{pid}/maps (is the process running, and is slotprof root?)"
         );
     }
-    let mut probes = Probes::load_host(opts.probe_stats)?;
+    // The event stream every mode reads: a thread of its own copies the
+    // ring's records out (compaction bursts make 100k+ records a second),
+    // started before the first probe is attached.
+    let (probes, mut ring) = Probes::load_host(opts.probe_stats)?;
     let warnings: Vec<String> = probes
         .status
         .iter()
@@ -282,9 +284,6 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
              count (is the kvm module loaded? `modprobe kvm`)"
         );
     }
-    // The event stream every mode reads: a thread of its own copies the
-    // ring's records out (compaction bursts make 100k+ records a second).
-    let mut ring = RingReader::start(probes.take_events()?)?;
     let started = Instant::now();
     let mut state = Counts::new(monotonic_ns());
     let mut classifier = Classifier {
