@@ -7,7 +7,8 @@
 //! moves itself into a new memory cgroup under its own (cgroup v2:
 //! `memory.high`; v1: `memory.limit_in_bytes`) of `--limit-mib` (48; 0:
 //! no cgroup, the fixed twin). The `hot` thread iterates every ~1 ms; from
-//! the third slot on, at 100 ms into every `--every`-th slot (3), it
+//! the third slot on, at 100 ms into every `--every`-th slot (3; counted
+//! from the slot the last pass ended in, where a pass is long), it
 //! touches every page of a private `--file-mib` (160) file on disk through
 //! a mapping: under the limit the pages the last pass read were reclaimed,
 //! so each pass reads them in again (major faults), charged to the cgroup
@@ -256,7 +257,10 @@ fn main() {
                 read_through_mapping(map_addr as *const u8, bytes);
                 let (to, psi1, maj1) = (monotonic_ns(), psi_some_ns(), major_faults());
                 phases.push((next, from, to, psi1 - psi0, maj1 - maj0));
-                next += every;
+                // Counted from the slot the pass ended in: under TCG a
+                // pass takes several slots, and the next must not start
+                // in the slot this one ended in.
+                next = (next + every).max(to / slot_ns + every);
             } else if now >= (next + 1) * slot_ns {
                 next += every;
             }

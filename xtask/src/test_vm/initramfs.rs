@@ -42,6 +42,10 @@ pub(super) fn list_tests(exe: &Path) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
+/// Tests (parts of their names) whose temporary directory is the VM's disk
+/// when it has one.
+const DISK_TESTS: &[&str] = &["memory_pressure_is_found"];
+
 /// Writes the initramfs; returns the (executable, test) pairs it runs.
 pub(super) fn build_initramfs(
     root: &Path,
@@ -50,7 +54,7 @@ pub(super) fn build_initramfs(
     tests: &[(String, PathBuf)],
     wanted: &dyn Fn(&str, &str) -> bool,
     group: &Group,
-    disk_driver: Option<&[u8]>,
+    disk_modules: Option<&[super::modules::Module]>,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
     // The binaries, the stall programs built without frame pointers
@@ -94,13 +98,18 @@ pub(super) fn build_initramfs(
     // CPUs 0 and 1 are two sockets (QEMU's -smp below): two L3 domains in
     // the guest's sysfs, which the cache-line tests assert on.
     script.push_str("export SLOTPROF_TEST_VM_SOCKETS=2\n");
-    if disk_driver.is_some() && !group.systemd {
+    if disk_modules.is_some() && !group.systemd {
         script.push_str(DISK_AND_CGROUP);
     }
     for (name, exe) in tests {
         files.insert(exe.clone());
         for test in list_tests(exe)?.into_iter().filter(|t| wanted(name, t)) {
-            script.push_str(&format!("run_one {name} '{test}' {}\n", exe.display()));
+            let disk = if DISK_TESTS.iter().any(|d| test.contains(d)) {
+                " \"$DISK_DIR\""
+            } else {
+                ""
+            };
+            script.push_str(&format!("run_one {name} '{test}' {}{disk}\n", exe.display()));
             runs.push((name.clone(), test));
         }
     }
@@ -125,8 +134,16 @@ pub(super) fn build_initramfs(
         cpio.dir(Path::new(dir))?;
     }
     cpio.file(Path::new("bin/busybox"), busybox, 0o755)?;
-    if let Some(ko) = disk_driver {
-        cpio.bytes(Path::new("virtio_blk.ko"), ko, 0o644)?;
+    if let Some(modules) = disk_modules {
+        // Named so that the shell's glob loads them in order.
+        cpio.dir(Path::new("modules"))?;
+        for (i, m) in modules.iter().enumerate() {
+            cpio.bytes(
+                &PathBuf::from(format!("modules/{i:02}-{}.ko", m.name)),
+                &m.bytes,
+                0o644,
+            )?;
+        }
     }
     cpio.bytes(Path::new("init"), script.as_bytes(), 0o755)?;
     if group.systemd {
@@ -321,7 +338,7 @@ dump_tasks() {
 }
 run_one() {
   echo "SLOTPROF-TEST-BEGIN $1 $2"
-  "$3" --exact "$2" --include-ignored --nocapture --test-threads=1 2>&1 &
+  TMPDIR="${4:-/tmp}" "$3" --exact "$2" --include-ignored --nocapture --test-threads=1 2>&1 &
   pid=$!
   n=0
   while kill -0 $pid 2>/dev/null && [ $n -lt $TEST_LIMIT ]; do
@@ -338,17 +355,24 @@ run_one() {
 }
 "#;
 
-/// The disk the host made (an ext4 image on virtio-blk, its driver a
-/// module of the kernel's package) as the tests' temporary directory: the
+/// The disk the host made (an ext4 image on virtio-blk, its driver and
+/// what it needs modules of the kernel's package, in /modules in load
+/// order) as the temporary directory of the tests in [`DISK_TESTS`]: the
 /// initramfs is RAM, whose pages are not reclaimed without swap, so the
-/// memory-pressure test needs a disk under its file. And cgroup v2, with
-/// the memory controller, for its limit.
-pub(super) const DISK_AND_CGROUP: &str = r#"if [ -f /virtio_blk.ko ] && insmod /virtio_blk.ko; then
+/// memory-pressure test needs a disk under its file (the others keep
+/// theirs in RAM, as they were written for). And cgroup v2, with the
+/// memory controller, for its limit.
+pub(super) const DISK_AND_CGROUP: &str = r#"loaded=yes
+for m in /modules/*.ko; do
+  [ -f "$m" ] || { loaded=no; break; }
+  insmod "$m" || { echo "SLOTPROF-VM-DISK: insmod $m failed"; loaded=no; break; }
+done
+if [ $loaded = yes ]; then
   for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] && break; sleep 1; done
   mkdir -p /disk
   if mount -t ext4 /dev/vda /disk; then
-    export TMPDIR=/disk
-    echo "SLOTPROF-VM-DISK /disk (ext4 on virtio-blk) is TMPDIR"
+    DISK_DIR=/disk
+    echo "SLOTPROF-VM-DISK /disk (ext4 on virtio-blk) is TMPDIR of the tests that need a disk"
   fi
 fi
 mkdir -p /sys/fs/cgroup

@@ -20,6 +20,7 @@ use std::{
 
 mod initramfs;
 mod kernel;
+mod modules;
 mod qemu;
 
 use crate::outcomes::{Outcome, Row};
@@ -105,11 +106,11 @@ const GROUPS: &[Group] = &[
 const TCG_TIME_SCALE: u32 = 5;
 
 /// A disk for a boot: an ext4 image (sparse, in a private file of the
-/// cache) and the kernel's virtio-blk driver to reach it; removed when
-/// dropped.
+/// cache) and the kernel modules to reach it (virtio-blk and, where the
+/// kernel does not build them in, virtio's own); removed when dropped.
 struct Disk {
     image: PathBuf,
-    driver: Vec<u8>,
+    modules: Vec<modules::Module>,
 }
 
 impl Drop for Disk {
@@ -121,40 +122,22 @@ impl Drop for Disk {
 /// The disk for a boot of `kernel`, or None (said: the memory-pressure
 /// test is then skipped in the VM, with its reason).
 fn disk_for(kernel: &Kernel, cache: &Path) -> Option<Disk> {
-    // Opt-in for now: with the disk, 6.12's MemoryPressure test ran and
-    // failed (no finding in a pass's slot, twice), and 6.1's driver did not
-    // load (an unknown symbol: a module it needs is not in the initramfs).
-    // Without it the test skips, saying why.
-    std::env::var_os("SLOTPROF_VM_DISK")?;
+    // SLOTPROF_VM_DISK=0 boots without (the memory-pressure test then
+    // skips in the VM, saying why).
+    if std::env::var_os("SLOTPROF_VM_DISK").is_some_and(|v| v == "0") {
+        return None;
+    }
     let made = (|| -> anyhow::Result<Disk> {
         let dir = kernel
             .vmlinux
             .parent()
             .context("the kernel's directory")?
             .join("lib/modules")
-            .join(&kernel.release)
-            .join("kernel/drivers/block");
-        // Packaged plain (6.1's) or xz-compressed (6.12's).
-        let plain = dir.join("virtio_blk.ko");
-        let driver = if plain.is_file() {
-            std::fs::read(&plain)?
-        } else {
-            let ko = dir.join("virtio_blk.ko.xz");
-            let out = std::process::Command::new("xz")
-                .arg("-dc")
-                .arg(&ko)
-                .output()
-                .with_context(|| format!("cannot run xz on {}", ko.display()))?;
-            anyhow::ensure!(
-                out.status.success(),
-                "xz -dc {}: {}",
-                ko.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            out.stdout
-        };
+            .join(&kernel.release);
+        // virtio's PCI transport (the disk is a PCI device) and the driver.
+        let modules = modules::load_order(&dir, &["virtio_pci", "virtio_blk"])?;
         let image = crate::validator::tempfile_in(cache, "disk")?;
-        let disk = Disk { image, driver };
+        let disk = Disk { image, modules };
         std::fs::OpenOptions::new()
             .write(true)
             .open(&disk.image)?
@@ -227,7 +210,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o))
                 && group.tests.is_none_or(|g| t.contains(g))
         };
-        let driver = disk.as_ref().map(|d| d.driver.as_slice());
+        let driver = disk.as_ref().map(|d| d.modules.as_slice());
         let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group, driver)?;
         if names.is_empty() {
             continue;
