@@ -3,7 +3,8 @@
 
 use std::{collections::HashMap, io::Write};
 
-use pprof::protos::{Function, Line, Location, Message, Profile, Sample, ValueType};
+pub use pprof::protos::Profile;
+use pprof::protos::{Function, Label, Line, Location, Mapping, Message, Sample, ValueType};
 
 use crate::Folded;
 
@@ -60,87 +61,275 @@ impl Strings {
     }
 }
 
-/// Builds one profile with a value column per `(type, stacks)` pair. A stack
-/// present in several columns is one sample with several values; the total
-/// of each column equals that `Folded`'s total.
-pub fn build(columns: &[(SampleType, &Folded)], meta: &ProfileMeta) -> Profile {
-    let mut strings = Strings::new();
-    let sample_type = columns
-        .iter()
-        .map(|(t, _)| ValueType {
-            ty: strings.id(&t.kind),
-            unit: strings.id(&t.unit),
-        })
-        .collect();
+/// A sample label: a string (`thread_name`) or a number with its unit
+/// (`thread_id`, `cpu`, `slot`), as `go tool pprof -tags` lists them and
+/// `-tagfocus key=value` selects. Give numbers a unit ("count" for a
+/// plain number): Go's decoder drops a numeric label of 0 that has none.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LabelValue {
+    Str(String),
+    Num(i64, Option<&'static str>),
+}
 
-    // Stack -> values, one column per input.
-    let mut merged: HashMap<&str, Vec<i64>> = HashMap::new();
-    for (col, (_, folded)) in columns.iter().enumerate() {
-        for (stack, value) in folded.iter() {
-            merged.entry(stack).or_insert_with(|| vec![0; columns.len()])[col] += value as i64;
-        }
-    }
-    let mut stacks: Vec<_> = merged.into_iter().collect();
-    stacks.sort();
+/// A binary mapped in the profiled process: where, from which offset of
+/// which file, and its build ID (hex), for symbolization after the fact
+/// (`go tool pprof -symbolize`, a backend's symbol server).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MappingInfo {
+    pub start: u64,
+    pub limit: u64,
+    pub offset: u64,
+    pub file: String,
+    pub build_id: String,
+    /// Its frames carry function names (it was symbolized here).
+    pub symbolized: bool,
+}
 
-    let mut functions: Vec<Function> = Vec::new();
-    let mut locations: Vec<Location> = Vec::new();
-    let mut location_of: HashMap<String, u64> = HashMap::new();
-    let mut samples = Vec::with_capacity(stacks.len());
-    for (stack, value) in stacks {
-        // pprof lists locations leaf first.
-        let location_id = stack
-            .split(';')
-            .rev()
-            .map(|frame| {
-                if let Some(&id) = location_of.get(frame) {
-                    return id;
-                }
-                let id = functions.len() as u64 + 1;
-                let name = strings.id(frame);
-                functions.push(Function {
-                    id,
-                    name,
-                    system_name: name,
-                    ..Default::default()
-                });
-                locations.push(Location {
-                    id,
-                    line: vec![Line {
-                        function_id: id,
-                        line: 0,
-                    }],
-                    ..Default::default()
-                });
-                location_of.insert(frame.to_string(), id);
-                id
+/// One function at a location: a location's first line is the innermost
+/// (inlined) function, its last the function whose code the address is in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FrameLine {
+    pub function: String,
+    pub file: String,
+    pub line: i64,
+}
+
+/// A stack frame: the address (0: none, a marker frame) in a mapping
+/// (`None`: the kernel, or not known), and the functions there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub address: u64,
+    pub mapping: Option<u64>,
+    pub lines: Vec<FrameLine>,
+}
+
+/// Builds a profile sample by sample: strings, functions, mappings and
+/// locations are interned (a location is one per mapping and address, or
+/// per name for frames without an address).
+pub struct Builder {
+    strings: Strings,
+    sample_type: Vec<ValueType>,
+    mappings: Vec<Mapping>,
+    mapping_of: HashMap<MappingInfo, u64>,
+    functions: Vec<Function>,
+    function_of: HashMap<(String, String), u64>,
+    locations: Vec<Location>,
+    location_of: HashMap<Frame, u64>,
+    samples: Vec<Sample>,
+}
+
+impl Builder {
+    pub fn new(sample_types: &[SampleType]) -> Self {
+        let mut strings = Strings::new();
+        let sample_type = sample_types
+            .iter()
+            .map(|t| ValueType {
+                ty: strings.id(&t.kind),
+                unit: strings.id(&t.unit),
             })
             .collect();
-        samples.push(Sample {
+        Self {
+            strings,
+            sample_type,
+            mappings: Vec::new(),
+            mapping_of: HashMap::new(),
+            functions: Vec::new(),
+            function_of: HashMap::new(),
+            locations: Vec::new(),
+            location_of: HashMap::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    /// The id of a mapping (added the first time).
+    pub fn mapping(&mut self, m: &MappingInfo) -> u64 {
+        if let Some(&id) = self.mapping_of.get(m) {
+            return id;
+        }
+        let id = self.mappings.len() as u64 + 1;
+        let (filename, build_id) = (self.strings.id(&m.file), self.strings.id(&m.build_id));
+        self.mappings.push(Mapping {
+            id,
+            memory_start: m.start,
+            memory_limit: m.limit,
+            file_offset: m.offset,
+            filename,
+            build_id,
+            has_functions: m.symbolized,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: m.symbolized,
+        });
+        self.mapping_of.insert(m.clone(), id);
+        id
+    }
+
+    fn function(&mut self, name: &str, file: &str) -> u64 {
+        if let Some(&id) = self.function_of.get(&(name.to_string(), file.to_string())) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
+        let n = self.strings.id(name);
+        let filename = self.strings.id(file);
+        self.functions.push(Function {
+            id,
+            name: n,
+            system_name: n,
+            filename,
+            start_line: 0,
+        });
+        self.function_of.insert((name.to_string(), file.to_string()), id);
+        id
+    }
+
+    /// The id of a frame's location (added the first time).
+    pub fn location(&mut self, frame: &Frame) -> u64 {
+        if let Some(&id) = self.location_of.get(frame) {
+            return id;
+        }
+        let line = frame
+            .lines
+            .iter()
+            .map(|l| Line {
+                function_id: self.function(&l.function, &l.file),
+                line: l.line,
+            })
+            .collect();
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id: frame.mapping.unwrap_or(0),
+            address: frame.address,
+            line,
+            is_folded: false,
+        });
+        self.location_of.insert(frame.clone(), id);
+        id
+    }
+
+    /// The location of a frame known only by its name.
+    pub fn named_location(&mut self, name: &str) -> u64 {
+        self.location(&Frame {
+            address: 0,
+            mapping: None,
+            lines: vec![FrameLine {
+                function: name.to_string(),
+                ..Default::default()
+            }],
+        })
+    }
+
+    /// Adds a sample: its locations leaf first, a value per sample type,
+    /// its labels.
+    pub fn sample(&mut self, location_id: Vec<u64>, value: Vec<i64>, labels: &[(&str, LabelValue)]) {
+        debug_assert_eq!(value.len(), self.sample_type.len());
+        let label = labels
+            .iter()
+            .map(|(key, v)| {
+                let key = self.strings.id(key);
+                match v {
+                    LabelValue::Str(s) => Label {
+                        key,
+                        str: self.strings.id(s),
+                        ..Default::default()
+                    },
+                    LabelValue::Num(n, unit) => Label {
+                        key,
+                        num: *n,
+                        num_unit: unit.map_or(0, |u| self.strings.id(u)),
+                        ..Default::default()
+                    },
+                }
+            })
+            .collect();
+        self.samples.push(Sample {
             location_id,
             value,
-            label: vec![],
+            label,
         });
     }
 
-    let period_type = meta.period_type.as_ref().map(|t| ValueType {
-        ty: strings.id(&t.kind),
-        unit: strings.id(&t.unit),
-    });
-    let comment = meta.comments.iter().map(|c| strings.id(c)).collect();
-    Profile {
-        sample_type,
-        sample: samples,
-        location: locations,
-        function: functions,
-        time_nanos: meta.time_nanos,
-        duration_nanos: meta.duration_nanos,
-        period_type,
-        period: meta.period,
-        comment,
-        string_table: strings.table,
-        ..Default::default()
+    /// The profile, with `meta`'s time, duration, period and comments.
+    pub fn finish(mut self, meta: &ProfileMeta) -> Profile {
+        let period_type = meta.period_type.as_ref().map(|t| ValueType {
+            ty: self.strings.id(&t.kind),
+            unit: self.strings.id(&t.unit),
+        });
+        let comment = meta.comments.iter().map(|c| self.strings.id(c)).collect();
+        Profile {
+            sample_type: self.sample_type,
+            sample: self.samples,
+            mapping: self.mappings,
+            location: self.locations,
+            function: self.functions,
+            time_nanos: meta.time_nanos,
+            duration_nanos: meta.duration_nanos,
+            period_type,
+            period: meta.period,
+            comment,
+            string_table: self.strings.table,
+            ..Default::default()
+        }
     }
+}
+
+/// Builds one profile with a value column per `(type, stacks)` pair. A stack
+/// present in several columns is one sample with several values; the total
+/// of each column equals that `Folded`'s total. A stack's root frame is its
+/// thread's name: it becomes the sample's `thread_name` label (`go tool
+/// pprof -tagroot thread_name` puts it back as a root).
+pub fn build(columns: &[(SampleType, &Folded)], meta: &ProfileMeta) -> Profile {
+    let types: Vec<SampleType> = columns.iter().map(|(t, _)| t.clone()).collect();
+    let part = Part {
+        columns: columns.iter().map(|(_, f)| (*f, 1)).collect(),
+        labels: Vec::new(),
+    };
+    build_parts(&types, &[part], meta)
+}
+
+/// A part of a profile: per sample type, the stacks and what their counts
+/// are multiplied by (`cpu/nanoseconds` is samples x period), and the
+/// labels of its samples (a slot's number, leader flag, phase).
+pub struct Part<'a> {
+    pub columns: Vec<(&'a Folded, i64)>,
+    pub labels: Vec<(&'static str, LabelValue)>,
+}
+
+/// Builds one profile of `parts` (a slot's profile is one part, a leader
+/// window's one per slot): a sample per part and stack, labelled with the
+/// stack's thread (`thread_name`, from its root frame) and the part's
+/// labels.
+pub fn build_parts(types: &[SampleType], parts: &[Part<'_>], meta: &ProfileMeta) -> Profile {
+    let mut b = Builder::new(types);
+    for part in parts {
+        debug_assert_eq!(part.columns.len(), types.len());
+        // Stack -> values, one column per input.
+        let mut merged: HashMap<&str, Vec<i64>> = HashMap::new();
+        for (col, (folded, scale)) in part.columns.iter().enumerate() {
+            for (stack, value) in folded.iter() {
+                merged.entry(stack).or_insert_with(|| vec![0; types.len()])[col] +=
+                    (value as i64).saturating_mul(*scale);
+            }
+        }
+        let mut stacks: Vec<_> = merged.into_iter().collect();
+        stacks.sort();
+        for (stack, value) in stacks {
+            let mut frames = stack.split(';');
+            let thread = frames.next().unwrap_or_default();
+            // pprof lists locations leaf first; a sample with no frame past
+            // its thread keeps one, so that tools which show only stacks
+            // count it.
+            let mut location_id: Vec<u64> = frames.rev().map(|f| b.named_location(f)).collect();
+            if location_id.is_empty() {
+                location_id.push(b.named_location("[no stack]"));
+            }
+            let mut labels = Vec::with_capacity(part.labels.len() + 1);
+            labels.push(("thread_name", LabelValue::Str(thread.to_string())));
+            labels.extend(part.labels.iter().cloned());
+            b.sample(location_id, value, &labels);
+        }
+    }
+    b.finish(meta)
 }
 
 /// The gzipped protobuf encoding of a profile, as pprof tools expect it.
@@ -181,9 +370,88 @@ mod tests {
         assert_eq!(total(0), 8);
         assert_eq!(total(1), 5_000_010);
         assert_eq!(back.sample.len(), 3);
-        // Leaf first: the first location of the `hot` sample is `hot`.
+        // Leaf first: the first location of the `hot` sample is `hot`; the
+        // thread is a label, not a frame.
         let hot = back.sample.iter().find(|s| s.value[0] == 7).unwrap();
-        let f = &back.function[hot.location_id[0] as usize - 1];
-        assert_eq!(back.string_table[f.name as usize], "hot");
+        let name = |loc: u64| {
+            let l = &back.location[loc as usize - 1];
+            let f = &back.function[l.line[0].function_id as usize - 1];
+            back.string_table[f.name as usize].clone()
+        };
+        let names: Vec<String> = hot.location_id.iter().map(|&l| name(l)).collect();
+        assert_eq!(names, ["hot", "main"]);
+        let label = &hot.label[0];
+        assert_eq!(back.string_table[label.key as usize], "thread_name");
+        assert_eq!(back.string_table[label.str as usize], "t");
+    }
+
+    #[test]
+    fn labels_mappings_and_inlined_frames() {
+        let mut b = Builder::new(&[
+            SampleType::new("samples", "count"),
+            SampleType::new("cpu", "nanoseconds"),
+        ]);
+        let exe = MappingInfo {
+            start: 0x5555_0000_0000,
+            limit: 0x5555_0010_0000,
+            offset: 0x1000,
+            file: "/usr/bin/agave-validator".into(),
+            build_id: "b6bbd8568fb71888".into(),
+            symbolized: true,
+        };
+        let m = b.mapping(&exe);
+        assert_eq!(b.mapping(&exe), m, "interned");
+        let line = |f: &str| FrameLine {
+            function: f.into(),
+            ..Default::default()
+        };
+        // An inlined call: one location, two lines, innermost first.
+        let leaf = Frame {
+            address: 0x5555_0000_1234,
+            mapping: Some(m),
+            lines: vec![line("inlined_helper"), line("outer")],
+        };
+        let root = Frame {
+            address: 0x5555_0000_0100,
+            mapping: Some(m),
+            lines: vec![line("main")],
+        };
+        let (l0, l1) = (b.location(&leaf), b.location(&root));
+        assert_eq!(b.location(&leaf), l0);
+        b.sample(
+            vec![l0, l1],
+            vec![3, 30_000_000],
+            &[
+                ("thread_name", LabelValue::Str("solBanknStgTx00".into())),
+                ("thread_id", LabelValue::Num(4242, None)),
+                ("slot", LabelValue::Num(312_000_123, None)),
+            ],
+        );
+        let meta = ProfileMeta {
+            time_nanos: 1,
+            duration_nanos: 400_000_000,
+            ..Default::default()
+        };
+        let p = b.finish(&meta);
+        let back = Profile::decode(&p.encode_to_vec()[..]).unwrap();
+        assert_eq!(back.mapping.len(), 1);
+        let mapping = &back.mapping[0];
+        assert_eq!(back.string_table[mapping.build_id as usize], "b6bbd8568fb71888");
+        assert_eq!(
+            (mapping.memory_start, mapping.file_offset),
+            (0x5555_0000_0000, 0x1000)
+        );
+        assert_eq!(back.location.len(), 2);
+        assert_eq!(back.location[0].line.len(), 2);
+        assert_eq!(back.location[0].address, 0x5555_0000_1234);
+        assert_eq!(back.location[0].mapping_id, 1);
+        let s = &back.sample[0];
+        let slot = s
+            .label
+            .iter()
+            .find(|l| back.string_table[l.key as usize] == "slot")
+            .unwrap();
+        assert_eq!(slot.num, 312_000_123);
+        assert_eq!(back.duration_nanos, 400_000_000);
     }
 }

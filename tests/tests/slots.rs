@@ -357,3 +357,130 @@ fn uprobe_slots_take_numbers_and_leaders_from_rpc() {
     assert_eq!(dir_names(&out.join("windows")), expected_windows(&truth));
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
+
+/// `go tool pprof` (Go from the system's packages), or None.
+fn go_binary() -> Option<std::path::PathBuf> {
+    ["/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// `go tool pprof ARGS`: its stdout, or a panic with its stderr.
+fn go_pprof(go: &Path, args: &[&str]) -> String {
+    let o = std::process::Command::new(go)
+        .args(["tool", "pprof"])
+        .args(args)
+        // Go's tools want a writable home for their cache.
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "go tool pprof {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Each sample type's total in a pprof file, by its type name.
+fn pprof_totals(path: &Path) -> std::collections::BTreeMap<String, i64> {
+    use pprof::protos::Message;
+    use std::io::Read;
+    let gz = std::fs::read(path).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    let p = pprof::protos::Profile::decode(&raw[..]).unwrap();
+    p.sample_type
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                p.string_table[t.ty as usize].clone(),
+                p.sample.iter().map(|s| s.value[i]).sum(),
+            )
+        })
+        .collect()
+}
+
+/// Every profile slotprof writes (the session's, each slot's, each leader
+/// window's) is read by `go tool pprof` (`-raw`, `-top`, `-traces`,
+/// `-tags`), with `samples/count`, `cpu/nanoseconds` and
+/// `offcpu/nanoseconds`, each sample labelled with its thread (and in a
+/// slot's and a window's with its slot, leader flag); in a window,
+/// `-tagfocus slot=N` selects exactly slot N's samples: their totals equal
+/// slot N's own profile's.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn go_tool_pprof_reads_every_profile_and_a_slot_label_selects_that_slot_in_its_window() {
+    let Some(_k) = kernel() else { return };
+    let Some(go) = go_binary() else {
+        skip(
+            Need::Tool("go"),
+            "no Go toolchain for `go tool pprof` (apt-get install golang-go; `cargo xtask test` does)",
+        );
+        return;
+    };
+    let (out, _truth) = run_validator("pprof", "clock=400ms,origin={origin},leader=4/8", 8);
+    let mut files = vec![out.join("profile.pb.gz")];
+    for dir in ["slots", "windows"] {
+        for e in std::fs::read_dir(out.join(dir)).unwrap() {
+            files.push(e.unwrap().path().join("profile.pb.gz"));
+        }
+    }
+    for f in &files {
+        let name = f.strip_prefix(&out).unwrap().display().to_string();
+        let totals = pprof_totals(f);
+        assert_eq!(
+            totals.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["cpu", "offcpu", "samples"],
+            "{name}"
+        );
+        let raw = go_pprof(&go, &["-raw", f.to_str().unwrap()]);
+        assert!(raw.contains("Samples:"), "{name}: {raw}");
+        go_pprof(&go, &["-top", f.to_str().unwrap()]);
+        go_pprof(&go, &["-traces", f.to_str().unwrap()]);
+        let tags = go_pprof(&go, &["-tags", f.to_str().unwrap()]);
+        assert!(tags.contains("thread_name"), "{name}: {tags}");
+        if !name.starts_with("profile") {
+            assert!(tags.contains("slot") && tags.contains("leader"), "{name}: {tags}");
+        }
+    }
+    eprintln!("go tool pprof read all {} profiles", files.len());
+    // Window 0 holds slots 0-3 (leader=4/8).
+    let window = out.join("windows/0/profile.pb.gz");
+    let mut selected = 0;
+    for n in 0..4 {
+        let own = out.join(format!("slots/{n}/profile.pb.gz"));
+        let want = pprof_totals(&own);
+        let picked = scratch(&format!("pprof-slot-{n}")).join("picked.pb.gz");
+        go_pprof(
+            &go,
+            &[
+                "-proto",
+                "-tagfocus",
+                &format!("slot={n}"),
+                "-output",
+                picked.to_str().unwrap(),
+                window.to_str().unwrap(),
+            ],
+        );
+        let got = pprof_totals(&picked);
+        assert!(
+            row(
+                "pprof",
+                &format!("window 0, -tagfocus slot={n}: totals vs slot {n}'s own profile"),
+                &format!("{got:?} vs {want:?}"),
+                "equal",
+                got == want
+            ),
+            "slot {n}"
+        );
+        selected += usize::from(want["samples"] > 0);
+        let _ = std::fs::remove_dir_all(picked.parent().unwrap());
+    }
+    assert!(selected >= 2, "only {selected} of window 0's slots had samples");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}

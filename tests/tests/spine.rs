@@ -157,13 +157,30 @@ fn pprof_totals_equal_folded_totals() {
             )
         })
         .collect();
-    assert_eq!(types, [("samples", "count"), ("offcpu", "nanoseconds")]);
+    assert_eq!(
+        types,
+        [
+            ("samples", "count"),
+            ("cpu", "nanoseconds"),
+            ("offcpu", "nanoseconds")
+        ]
+    );
     let col = |i: usize| p.sample.iter().map(|s| s.value[i] as u64).sum::<u64>();
     let on = read_folded(&dir.join("oncpu.folded")).total();
     let off = read_folded(&dir.join("offcpu.folded")).total();
     assert!(on > 0 && off > 0);
     assert_eq!(col(0), on);
-    assert_eq!(col(1), off);
+    // On-CPU time: samples x the sampling period (1/99 s by default).
+    assert_eq!(p.period, 1_000_000_000 / 99);
+    assert_eq!(col(1), on * p.period as u64);
+    assert_eq!(col(2), off);
+    assert!(p.duration_nanos > 0);
+    // The thread is a label of each sample, not a root frame.
+    let thread_label = p.string_table.iter().position(|s| s == "thread_name").unwrap() as i64;
+    assert!(p
+        .sample
+        .iter()
+        .all(|s| s.label.iter().any(|l| l.key == thread_label)));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

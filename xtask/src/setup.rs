@@ -20,17 +20,22 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 }
 
 /// What the tests need beyond the build: headless Chromium (index.html is
-/// checked in a real browser). Installed with apt when missing and root;
+/// checked in a real browser), perf and Go (`go tool pprof`). Installed with apt when missing and root;
 /// otherwise the tests that need it say they were skipped.
 pub fn test_tools(root: &Path) -> anyhow::Result<()> {
     // Chromium opens the HTML report; perf is the unwinding tests' reference
     // (perf record --call-graph dwarf on the same run), natively and in the
-    // test VMs (which get the host's perf).
-    let missing: Vec<&str> = [("/usr/bin/chromium", "chromium"), ("/usr/bin/perf", "linux-perf")]
-        .iter()
-        .filter(|(bin, _)| !Path::new(bin).exists())
-        .map(|(_, package)| *package)
-        .collect();
+    // test VMs (which get the host's perf); Go's `go tool pprof` reads every
+    // pprof profile slotprof writes.
+    let missing: Vec<&str> = [
+        ("/usr/bin/chromium", "chromium"),
+        ("/usr/bin/perf", "linux-perf"),
+        ("/usr/bin/go", "golang-go"),
+    ]
+    .iter()
+    .filter(|(bin, _)| !Path::new(bin).exists())
+    .map(|(_, package)| *package)
+    .collect();
     if missing.is_empty() {
         return Ok(());
     }

@@ -862,6 +862,7 @@ fn write_outputs(
     for (path, result) in report::write_profiles_each(
         &opts.out,
         &a.profiles,
+        report::Parts::Whole,
         &a.meta,
         &a.subtitle,
         crate::output::write_atomic,

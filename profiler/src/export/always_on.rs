@@ -27,14 +27,14 @@ use std::{
 };
 
 use anyhow::Context;
-use flamegraphs::{pprof::ProfileMeta, Folded, FoldedSum};
+use flamegraphs::{pprof::ProfileMeta, FoldedSum};
 
 use super::{SlotExport, SlotResult};
 use crate::{
     config::{Config, FullExport},
     detectors::Finding,
-    export::report::{write_profiles, write_profiles_with},
-    export::slot_export::{index_html, summarize, window_json, SlotSummary},
+    export::report::{write_profiles, write_profiles_with, Parts, SlotLabels, WindowSlots},
+    export::slot_export::{index_html, merged, summarize, window_json, SlotSummary},
     output::write_atomic,
     pipeline::aggregate::Profiles,
     slots::Slot,
@@ -100,9 +100,10 @@ pub struct Exporter {
     findings: VecDeque<Finding>,
     dirty: bool,
     last_rewrite: Option<std::time::Instant>,
-    /// Open leader windows: their slots so far, merged profiles, and
+    /// Open leader windows: their slots so far, their profiles (with
+    /// their labels), and
     /// whether any of those slots had findings.
-    windows: BTreeMap<u64, (Vec<Slot>, Profiles, bool)>,
+    windows: BTreeMap<u64, (Vec<Slot>, WindowSlots, bool)>,
     hour: Option<Hour>,
     /// CLOCK_MONOTONIC to wall clock, in ns.
     mono_to_unix: i128,
@@ -345,6 +346,7 @@ impl Exporter {
     fn write_dir(
         dir: &Path,
         p: &Profiles,
+        parts: Parts<'_>,
         meta: &ProfileMeta,
         subtitle: &str,
         json: (&str, &[u8]),
@@ -352,7 +354,7 @@ impl Exporter {
         let tmp =
             crate::output::temp_dir_beside(dir).with_context(|| format!("cannot write {}", dir.display()))?;
         let result = (|| {
-            write_profiles_with(&tmp, p, meta, subtitle, crate::output::write_new)?;
+            write_profiles_with(&tmp, p, parts, meta, subtitle, crate::output::write_new)?;
             crate::output::write_new(&tmp.join(json.0), json.1)?;
             if dir.exists() {
                 std::fs::remove_dir_all(dir)?;
@@ -384,7 +386,8 @@ impl Exporter {
         }
         let unix_s = ((slot.start_ns as i128 + self.mono_to_unix) / 1_000_000_000) as i64;
         self.hour_add(unix_s, p, &summary, meta);
-        self.window_add(slot, p, !summary.findings.is_empty(), meta);
+        let labels = SlotLabels::of(slot, r.phase);
+        self.window_add(slot, p, &labels, !summary.findings.is_empty(), meta);
         if !self.room() {
             self.skipped_low_space += 1;
             return Ok(Exported::Skipped);
@@ -403,6 +406,7 @@ impl Exporter {
         let written = Self::write_dir(
             &dir,
             p,
+            Parts::Slots(&[(p, labels)]),
             meta,
             &sub,
             ("slot.json", &serde_json::to_vec_pretty(&summary)?),
@@ -423,7 +427,14 @@ impl Exporter {
 
     /// Adds a leader slot to its window; writes windows that are complete
     /// (this slot is past them).
-    fn window_add(&mut self, slot: &Slot, p: &Profiles, findings: bool, meta: &ProfileMeta) {
+    fn window_add(
+        &mut self,
+        slot: &Slot,
+        p: &Profiles,
+        labels: &SlotLabels,
+        findings: bool,
+        meta: &ProfileMeta,
+    ) {
         let done: Vec<u64> = self
             .windows
             .keys()
@@ -437,11 +448,10 @@ impl Exporter {
             let e = self
                 .windows
                 .entry(w)
-                .or_insert_with(|| (Vec::new(), empty_profiles(), false));
+                .or_insert_with(|| (Vec::new(), Vec::new(), false));
             e.0.push(slot.clone());
             e.2 |= findings;
-            e.1.oncpu.merge(&p.oncpu);
-            e.1.offcpu.merge(&p.offcpu);
+            e.1.push((p.clone(), labels.clone()));
             if e.0.len() as u64 == crate::slots::SLOTS_PER_WINDOW {
                 self.window_write(w, meta);
             }
@@ -455,7 +465,7 @@ impl Exporter {
     }
 
     fn try_window_write(&mut self, first: u64, meta: &ProfileMeta) -> anyhow::Result<()> {
-        let Some((slots, p, findings)) = self.windows.remove(&first) else {
+        let Some((slots, each, findings)) = self.windows.remove(&first) else {
             return Ok(());
         };
         // The export policy holds for windows too: with `full = "findings"`
@@ -471,10 +481,13 @@ impl Exporter {
         self.make_room(None, self.ledger.back().map_or(0, |e| e.bytes));
         let dir = self.dir.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
+        let p = merged(each.iter().map(|(p, _)| p));
+        let parts: Vec<(&Profiles, SlotLabels)> = each.iter().map(|(p, l)| (p, l.clone())).collect();
         let json = window_json(first, &slots, &p);
         Self::write_dir(
             &dir,
             &p,
+            Parts::Slots(&parts),
             meta,
             &format!("leader window {numbers:?}"),
             ("window.json", &serde_json::to_vec_pretty(&json)?),
@@ -565,7 +578,7 @@ impl Exporter {
             offcpu: h.offcpu.to_folded(),
             median_user_depth: None,
         };
-        write_profiles(&dir, &p, meta, &format!("hour {} UTC", h.name))?;
+        write_profiles(&dir, &p, Parts::Whole, meta, &format!("hour {} UTC", h.name))?;
         drop(p);
         // The rendering's buffers (the hour's text, SVG and pprof: several
         // MB) back to the system now, not in up to 10 s.
@@ -660,10 +673,11 @@ impl SlotExport for Exporter {
     }
 }
 
+#[cfg(test)]
 fn empty_profiles() -> Profiles {
     Profiles {
-        oncpu: Folded::new(),
-        offcpu: Folded::new(),
+        oncpu: flamegraphs::Folded::new(),
+        offcpu: flamegraphs::Folded::new(),
         median_user_depth: None,
     }
 }

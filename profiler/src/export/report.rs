@@ -403,17 +403,94 @@ impl FramePointers {
     }
 }
 
+/// A slot's labels on the samples of its pprof profiles (and of its
+/// window's): `go tool pprof -tagfocus slot=N` selects them, a backend
+/// filters by them.
+#[derive(Clone, Debug)]
+pub struct SlotLabels {
+    pub slot: u64,
+    pub leader: bool,
+    /// "slow" or "fast", when the phase probe runs.
+    pub phase: Option<&'static str>,
+}
+
+impl SlotLabels {
+    pub fn of(slot: &crate::slots::Slot, phase: Option<&'static str>) -> Self {
+        Self {
+            slot: slot.number,
+            leader: slot.leader,
+            phase,
+        }
+    }
+
+    fn labels(&self) -> Vec<(&'static str, pprof::LabelValue)> {
+        use pprof::LabelValue::{Num, Str};
+        let mut l = vec![
+            // A unit, so that slot 0 is kept: Go's decoder drops a
+            // numeric label of 0 without one; "count" scales to nothing,
+            // so `-tagfocus slot=N` matches.
+            ("slot", Num(self.slot as i64, Some("count"))),
+            ("leader", Str(self.leader.to_string())),
+        ];
+        if let Some(phase) = self.phase {
+            l.push(("phase", Str(phase.to_string())));
+        }
+        l
+    }
+}
+
+/// A leader window's slots so far: each slot's profiles with its labels.
+pub type WindowSlots = Vec<(Profiles, SlotLabels)>;
+
+/// What a profile's pprof is made of: the profile itself (a session, an
+/// hour: samples labelled with their thread only), or its slots, each
+/// with its labels (a slot: one; a leader window: its slots).
+#[derive(Clone, Copy)]
+pub enum Parts<'a> {
+    Whole,
+    Slots(&'a [(&'a Profiles, SlotLabels)]),
+}
+
+/// The pprof profile of `p` (or of its `parts`): `samples/count`,
+/// `cpu/nanoseconds` (samples x the sampling period) and
+/// `offcpu/nanoseconds`, each sample labelled with its thread and its
+/// part's labels.
+pub fn pprof_profile(p: &Profiles, parts: Parts<'_>, meta: &ProfileMeta) -> pprof::Profile {
+    let types = [
+        SampleType::new("samples", "count"),
+        SampleType::new("cpu", "nanoseconds"),
+        SampleType::new("offcpu", "nanoseconds"),
+    ];
+    let period = meta.period.max(0);
+    fn part<'a>(
+        p: &'a Profiles,
+        period: i64,
+        labels: Vec<(&'static str, pprof::LabelValue)>,
+    ) -> pprof::Part<'a> {
+        pprof::Part {
+            columns: vec![(&p.oncpu, 1), (&p.oncpu, period), (&p.offcpu, 1)],
+            labels,
+        }
+    }
+    let parts: Vec<pprof::Part<'_>> = match parts {
+        Parts::Whole => vec![part(p, period, Vec::new())],
+        Parts::Slots(slots) => slots.iter().map(|(p, l)| part(p, period, l.labels())).collect(),
+    };
+    pprof::build_parts(&types, &parts, meta)
+}
+
 /// Writes the flamegraphs, the folded stacks and the pprof profile into
 /// `dir`, and returns the paths written.
 pub fn write_profiles(
     dir: &Path,
     p: &Profiles,
+    parts: Parts<'_>,
     meta: &ProfileMeta,
     subtitle: &str,
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create output directory {}", dir.display()))?;
-    write_profiles_with(dir, p, meta, subtitle, write_atomic)
+    write_profiles_with(dir, p, parts, meta, subtitle, write_atomic)
 }
 
 /// [`write_profiles`] into `dir`, each file through `write` (a new,
@@ -422,12 +499,13 @@ pub fn write_profiles(
 pub fn write_profiles_with(
     dir: &Path,
     p: &Profiles,
+    parts: Parts<'_>,
     meta: &ProfileMeta,
     subtitle: &str,
     write: fn(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    for (path, result) in write_profiles_each(dir, p, meta, subtitle, write) {
+    for (path, result) in write_profiles_each(dir, p, parts, meta, subtitle, write) {
         result?;
         written.push(path);
     }
@@ -440,6 +518,7 @@ pub fn write_profiles_with(
 pub fn write_profiles_each(
     dir: &Path,
     p: &Profiles,
+    parts: Parts<'_>,
     meta: &ProfileMeta,
     subtitle: &str,
     write: fn(&Path, &[u8]) -> anyhow::Result<()>,
@@ -466,13 +545,7 @@ pub fn write_profiles_each(
         palette: "io".into(),
     };
     put("offcpu.svg", svg::render(&p.offcpu, &off));
-    let profile = pprof::build(
-        &[
-            (SampleType::new("samples", "count"), &p.oncpu),
-            (SampleType::new("offcpu", "nanoseconds"), &p.offcpu),
-        ],
-        meta,
-    );
+    let profile = pprof_profile(p, parts, meta);
     put("profile.pb.gz", pprof::encode_gzip(&profile).map_err(Into::into));
     done
 }

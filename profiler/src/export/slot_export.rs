@@ -10,7 +10,7 @@ use serde_json::json;
 use super::{SlotExport, SlotResult};
 use crate::{
     detectors::Finding,
-    export::report::write_profiles,
+    export::report::{write_profiles, Parts, SlotLabels, WindowSlots},
     output::write_atomic,
     pipeline::aggregate::{Profiles, StackKey},
     pipeline::intervals::IntervalStore,
@@ -102,8 +102,9 @@ pub struct SlotWriter<'a> {
     /// The session's findings, for the index.
     findings: &'a [Finding],
     summaries: Vec<SlotSummary>,
-    /// The window being filled: its first slot, its slots, their profiles.
-    window: Option<(u64, Vec<Slot>, Profiles)>,
+    /// The window being filled: its first slot, its slots, their profiles
+    /// with their labels.
+    window: Option<(u64, Vec<Slot>, WindowSlots)>,
 }
 
 impl<'a> SlotWriter<'a> {
@@ -117,12 +118,20 @@ impl<'a> SlotWriter<'a> {
     }
 
     fn flush_window(&mut self, meta: &ProfileMeta) -> anyhow::Result<()> {
-        let Some((first, slots, p)) = self.window.take() else {
+        let Some((first, slots, each)) = self.window.take() else {
             return Ok(());
         };
         let dir = self.out.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
-        write_profiles(&dir, &p, meta, &format!("leader window {numbers:?}"))?;
+        let p = merged(each.iter().map(|(p, _)| p));
+        let parts: Vec<(&Profiles, SlotLabels)> = each.iter().map(|(p, l)| (p, l.clone())).collect();
+        write_profiles(
+            &dir,
+            &p,
+            Parts::Slots(&parts),
+            meta,
+            &format!("leader window {numbers:?}"),
+        )?;
         let window = window_json(first, &slots, &p);
         write_atomic(&dir.join("window.json"), &serde_json::to_vec_pretty(&window)?)
     }
@@ -144,7 +153,8 @@ impl SlotExport for SlotWriter<'_> {
             slot.number,
             if slot.leader { " (leader)" } else { "" }
         );
-        write_profiles(&dir, p, r.meta, &sub)?;
+        let labels = SlotLabels::of(slot, r.phase);
+        write_profiles(&dir, p, Parts::Slots(&[(p, labels.clone())]), r.meta, &sub)?;
         let summary = summarize(r);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         self.summaries.push(summary);
@@ -156,20 +166,9 @@ impl SlotExport for SlotWriter<'_> {
             self.flush_window(r.meta)?;
         }
         if let Some(w) = slot.window {
-            let entry = self.window.get_or_insert_with(|| {
-                (
-                    w,
-                    Vec::new(),
-                    Profiles {
-                        oncpu: Folded::new(),
-                        offcpu: Folded::new(),
-                        median_user_depth: None,
-                    },
-                )
-            });
+            let entry = self.window.get_or_insert_with(|| (w, Vec::new(), Vec::new()));
             entry.1.push(slot.clone());
-            entry.2.oncpu.merge(&p.oncpu);
-            entry.2.offcpu.merge(&p.offcpu);
+            entry.2.push((p.clone(), labels));
         }
         Ok(())
     }
@@ -182,6 +181,20 @@ impl SlotExport for SlotWriter<'_> {
             index_html(&self.summaries, self.findings).as_bytes(),
         )
     }
+}
+
+/// The sum of slots' profiles (a window's).
+pub(crate) fn merged<'a>(each: impl Iterator<Item = &'a Profiles>) -> Profiles {
+    let mut p = Profiles {
+        oncpu: Folded::new(),
+        offcpu: Folded::new(),
+        median_user_depth: None,
+    };
+    for e in each {
+        p.oncpu.merge(&e.oncpu);
+        p.offcpu.merge(&e.offcpu);
+    }
+    p
 }
 
 /// What `window.json` says about a leader window.

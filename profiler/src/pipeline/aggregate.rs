@@ -98,6 +98,7 @@ pub struct Aggregator {
 pub use crate::kernel::probes::StackTable;
 
 /// The two flamegraph inputs and what was learnt while building them.
+#[derive(Clone)]
 pub struct Profiles {
     /// Root frame is the thread name; values are samples.
     pub oncpu: Folded,
