@@ -736,6 +736,7 @@ fn cpu_contention_names_the_hog_on_the_hot_core_and_none_on_the_fixed_twin() {
         // Recall: each burst is a finding in its slot, the hog first.
         let mut hog_slots = Vec::new();
         let mut named_loop = 0;
+        let mut whole_or_said = 0;
         for b in bursts {
             let slot = b["start_ns"].as_u64().unwrap() / slot_ns;
             hog_slots.push(slot);
@@ -792,14 +793,46 @@ fn cpu_contention_names_the_hog_on_the_hot_core_and_none_on_the_fixed_twin() {
             } else {
                 eprintln!("{build}: slot {slot}: a waiting stack without stall_loop_iteration: {stack}");
             }
+            // A waiting stack is the hot thread's whole stack, or says that
+            // no user stack was taken (a thread preempted on its way back
+            // to user mode is neither in a system call nor in user code).
+            if stack.contains("thread_start") || stack.contains("[user stack not taken]") {
+                whole_or_said += 1;
+            } else {
+                eprintln!(
+                    "{build}: slot {slot}: a waiting stack that does not reach the thread's start: {stack}"
+                );
+            }
         }
-        // The waiting stack is the loop's. Not always: a thread preempted
-        // on its way back to user mode has no user stack copied (it is not
-        // in a system call, and not yet in user code), and in the TCG test
-        // VMs a wait that began inside clock_gettime (a system call there)
-        // now and then unwinds without its caller.
         assert!(
-            named_loop * 2 >= bursts.len(),
+            row(
+                "CPU contention",
+                &format!("{build}: waiting stacks whole to the thread's start (or said not taken)"),
+                &format!("{whole_or_said} of {}", bursts.len()),
+                &format!(">= {}", bursts.len() - 1),
+                whole_or_said + 1 >= bursts.len()
+            ),
+            "{build}: waiting stacks"
+        );
+        // The waiting stack is the loop's, most of the time natively. Under
+        // TCG the thread's own clock and /proc reads (system calls there,
+        // each far slower than natively) take most of its time, and the
+        // hog's preemption lands in them (6.1's VM, 2026-12-06: 2 of 5 in
+        // the loop, 2 in `monotonic_ns` and `run_delay_ns` called by the
+        // thread's closure, 1 on the way back to user mode).
+        let min_loop = if time_scale() > 1 {
+            1
+        } else {
+            bursts.len().div_ceil(2)
+        };
+        assert!(
+            row(
+                "CPU contention",
+                &format!("{build}: waiting stacks in stall_loop_iteration"),
+                &format!("{named_loop} of {}", bursts.len()),
+                &format!(">= {min_loop}"),
+                named_loop >= min_loop
+            ),
             "{build}: only {named_loop} of {} waiting stacks name stall_loop_iteration",
             bursts.len()
         );
@@ -938,7 +971,10 @@ fn memory_pressure_is_found_per_pass_over_the_limit_and_none_on_the_fixed_twin()
         ("fp", stall_program("stall-memory")),
         ("nofp", without_frame_pointers("stall-memory")),
     ] {
-        let (out, truth) = record_bin(&format!("memory-{build}"), &opts, &bin, &["--seconds", "6"]);
+        // Under TCG a pass spans 3-5 slots and the next starts 3 slots
+        // after it: 6 s held 2 or 3 passes there, 12 s holds at least 3.
+        let seconds = if time_scale() > 1 { "12" } else { "6" };
+        let (out, truth) = record_bin(&format!("memory-{build}"), &opts, &bin, &["--seconds", seconds]);
         let found = findings(&out, "MemoryPressure");
         let hot = truth["hot_tid"].as_u64().unwrap();
         let phases = truth["phases"].as_array().unwrap();
@@ -1239,6 +1275,10 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
                     panic!("{build}: no ProgramCache of the replay thread in slot {slot}: {found:?}")
                 });
             let mut calls = 0;
+            // The thread's own time of a call includes the entry trap and
+            // the return trampoline, which slotprof's does not: microseconds
+            // natively, up to ~0.9 ms a call under TCG (6.1's VM: evict and
+            // prune, 2 calls, 12.61 vs 14.26 ms).
             for (kind, (n, logged_ms)) in &logged[slot] {
                 calls += n;
                 let got = f["magnitudes"][format!("{kind}_ms")].as_f64().unwrap_or(0.0);
@@ -1247,8 +1287,9 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
                         "program cache",
                         &format!("{build}: slot {slot}: {kind} time, slotprof vs the thread's own"),
                         &format!("{got:.2} ms vs {logged_ms:.2} ms"),
-                        "0.9 x .. own + 0.5 ms",
-                        got >= 0.9 * logged_ms && got <= logged_ms + 0.5 * scale as f64
+                        &format!("0.9 x own - {:.1} ms a call .. own + 0.5 ms", 0.2 * scale as f64),
+                        got >= 0.9 * logged_ms - *n as f64 * 0.2 * scale as f64
+                            && got <= logged_ms + 0.5 * scale as f64
                     ),
                     "{build}: slot {slot}: {f}"
                 );
