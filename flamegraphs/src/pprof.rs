@@ -340,6 +340,14 @@ pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
     gz.finish()
 }
 
+/// A profile from its gzipped encoding (what [`encode_gzip`] wrote).
+pub fn decode_gzip(bytes: &[u8]) -> std::io::Result<Profile> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut raw)?;
+    Profile::decode(&raw[..]).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,6 +61,9 @@ struct Entry {
 /// The current hour's aggregate.
 struct Hour {
     name: String,
+    /// Its slots' time: the first one's start and the last one's end
+    /// (CLOCK_MONOTONIC ns), for the profile's time and duration.
+    span: Option<(u64, u64)>,
     oncpu: FoldedSum,
     offcpu: FoldedSum,
     lines: Vec<String>,
@@ -506,6 +509,7 @@ impl Exporter {
         }
         let h = self.hour.get_or_insert_with(|| Hour {
             name,
+            span: None,
             oncpu: FoldedSum::new(),
             offcpu: FoldedSum::new(),
             lines: Vec::new(),
@@ -515,6 +519,8 @@ impl Exporter {
             h.oncpu.add(&p.oncpu);
             h.offcpu.add(&p.offcpu);
         }
+        let (start, end) = (summary.slot.start_ns, summary.slot.end_ns);
+        h.span = Some(h.span.map_or((start, end), |(a, b)| (a.min(start), b.max(end))));
         h.lines.push(serde_json::to_string(summary).unwrap_or_default());
         if h.lines.len() >= 64 {
             let r = self.hour_lines_flush();
@@ -578,7 +584,14 @@ impl Exporter {
             offcpu: h.offcpu.to_folded(),
             median_user_depth: None,
         };
-        write_profiles(&dir, &p, Parts::Whole, meta, &format!("hour {} UTC", h.name))?;
+        // The hour's own time, not the process's.
+        let mut meta = meta.clone();
+        let mono_to_unix = self.mono_to_unix;
+        if let Some((start, end)) = h.span {
+            meta.time_nanos = (start as i128 + mono_to_unix) as i64;
+            meta.duration_nanos = end.saturating_sub(start) as i64;
+        }
+        write_profiles(&dir, &p, Parts::Whole, &meta, &format!("hour {} UTC", h.name))?;
         drop(p);
         // The rendering's buffers (the hour's text, SVG and pprof: several
         // MB) back to the system now, not in up to 10 s.
@@ -714,8 +727,8 @@ mod ledger_tests {
 
     #[test]
     fn the_ledger_matches_the_disk_and_the_cap_holds() {
-        let dir = std::env::temp_dir().join(format!("slotprof-ledger-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let config = Config::parse(&format!(
             "[target]\npid = 1\n[export]\ndir = \"{}\"\nfull = \"all\"\nretention_bytes = \"256KiB\"\n",
             dir.display()
@@ -747,7 +760,19 @@ mod ledger_tests {
         // is some 20 KiB of the 256).
         assert!(e.removed > 0, "nothing removed: the cap was not reached");
         assert!(du(&dir) <= 256 << 10, "{} over the cap", du(&dir));
-        std::fs::remove_dir_all(&dir).unwrap();
+        // An hour's profile covers its slots' time: all 40 (16 s), or
+        // whole slots of them where the 16 s crossed an hour.
+        for h in std::fs::read_dir(dir.join("hours")).unwrap() {
+            let path = h.unwrap().path().join("profile.pb.gz");
+            let p = flamegraphs::pprof::decode_gzip(&std::fs::read(&path).unwrap()).unwrap();
+            let d = p.duration_nanos;
+            assert!(
+                d > 0 && d <= 40 * 400_000_000 && d % 400_000_000 == 0,
+                "{}: duration {d}",
+                path.display()
+            );
+            assert!(p.time_nanos > 0);
+        }
     }
 
     fn result<'a>(
