@@ -115,6 +115,9 @@ pub struct Builder {
     function_of: HashMap<(String, String), u64>,
     locations: Vec<Location>,
     location_of: HashMap<Frame, u64>,
+    /// Frames known only by name (folded stacks), found without building
+    /// a `Frame` for each.
+    named: HashMap<String, u64>,
     samples: Vec<Sample>,
 }
 
@@ -137,6 +140,7 @@ impl Builder {
             function_of: HashMap::new(),
             locations: Vec::new(),
             location_of: HashMap::new(),
+            named: HashMap::new(),
             samples: Vec::new(),
         }
     }
@@ -209,14 +213,19 @@ impl Builder {
 
     /// The location of a frame known only by its name.
     pub fn named_location(&mut self, name: &str) -> u64 {
-        self.location(&Frame {
+        if let Some(&id) = self.named.get(name) {
+            return id;
+        }
+        let id = self.location(&Frame {
             address: 0,
             mapping: None,
             lines: vec![FrameLine {
                 function: name.to_string(),
                 ..Default::default()
             }],
-        })
+        });
+        self.named.insert(name.to_string(), id);
+        id
     }
 
     /// Adds a sample: its locations leaf first, a value per sample type,
@@ -271,20 +280,6 @@ impl Builder {
             ..Default::default()
         }
     }
-}
-
-/// Builds one profile with a value column per `(type, stacks)` pair. A stack
-/// present in several columns is one sample with several values; the total
-/// of each column equals that `Folded`'s total. A stack's root frame is its
-/// thread's name: it becomes the sample's `thread_name` label (`go tool
-/// pprof -tagroot thread_name` puts it back as a root).
-pub fn build(columns: &[(SampleType, &Folded)], meta: &ProfileMeta) -> Profile {
-    let types: Vec<SampleType> = columns.iter().map(|(t, _)| t.clone()).collect();
-    let part = Part {
-        columns: columns.iter().map(|(_, f)| (*f, 1)).collect(),
-        labels: Vec::new(),
-    };
-    build_parts(&types, &[part], meta)
 }
 
 /// A part of a profile: per sample type, the stacks and what their counts
@@ -361,11 +356,15 @@ mod tests {
         let mut off = Folded::new();
         off.add(["t", "main", "sleep"], 5_000_000);
         off.add(["t", "main"], 10);
-        let p = build(
+        let p = build_parts(
             &[
-                (SampleType::new("samples", "count"), &on),
-                (SampleType::new("offcpu", "nanoseconds"), &off),
+                SampleType::new("samples", "count"),
+                SampleType::new("offcpu", "nanoseconds"),
             ],
+            &[Part {
+                columns: vec![(&on, 1), (&off, 1)],
+                labels: Vec::new(),
+            }],
             &ProfileMeta::default(),
         );
         let bytes = encode_gzip(&p).unwrap();

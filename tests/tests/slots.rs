@@ -385,14 +385,7 @@ fn go_pprof(go: &Path, args: &[&str]) -> String {
 
 /// Each sample type's total in a pprof file, by its type name.
 fn pprof_totals(path: &Path) -> std::collections::BTreeMap<String, i64> {
-    use pprof::protos::Message;
-    use std::io::Read;
-    let gz = std::fs::read(path).unwrap();
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..])
-        .read_to_end(&mut raw)
-        .unwrap();
-    let p = pprof::protos::Profile::decode(&raw[..]).unwrap();
+    let p = flamegraphs::pprof::decode_gzip(&std::fs::read(path).unwrap()).unwrap();
     p.sample_type
         .iter()
         .enumerate()

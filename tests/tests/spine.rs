@@ -8,14 +8,12 @@
 mod common;
 
 use std::{
-    io::Read,
     os::unix::process::CommandExt,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use common::*;
-use pprof::protos::Message;
 
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
@@ -141,12 +139,8 @@ fn pprof_totals_equal_folded_totals() {
         "2",
     ]);
     assert!(o.status.success());
-    let mut raw = Vec::new();
-    let gz = std::fs::read(dir.join("profile.pb.gz")).unwrap();
-    flate2::read::GzDecoder::new(&gz[..])
-        .read_to_end(&mut raw)
-        .unwrap();
-    let p = pprof::protos::Profile::decode(&raw[..]).expect("profile.pb.gz decodes");
+    let p = flamegraphs::pprof::decode_gzip(&std::fs::read(dir.join("profile.pb.gz")).unwrap())
+        .expect("profile.pb.gz decodes");
     let types: Vec<(&str, &str)> = p
         .sample_type
         .iter()

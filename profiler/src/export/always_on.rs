@@ -409,7 +409,7 @@ impl Exporter {
         let written = Self::write_dir(
             &dir,
             p,
-            Parts::Slots(&[(p, labels)]),
+            Parts::Slot(&labels),
             meta,
             &sub,
             ("slot.json", &serde_json::to_vec_pretty(&summary)?),
@@ -485,12 +485,11 @@ impl Exporter {
         let dir = self.dir.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
         let p = merged(each.iter().map(|(p, _)| p));
-        let parts: Vec<(&Profiles, SlotLabels)> = each.iter().map(|(p, l)| (p, l.clone())).collect();
         let json = window_json(first, &slots, &p);
         Self::write_dir(
             &dir,
             &p,
-            Parts::Slots(&parts),
+            Parts::Window(&each),
             meta,
             &format!("leader window {numbers:?}"),
             ("window.json", &serde_json::to_vec_pretty(&json)?),

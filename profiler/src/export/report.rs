@@ -442,13 +442,15 @@ impl SlotLabels {
 /// A leader window's slots so far: each slot's profiles with its labels.
 pub type WindowSlots = Vec<(Profiles, SlotLabels)>;
 
-/// What a profile's pprof is made of: the profile itself (a session, an
-/// hour: samples labelled with their thread only), or its slots, each
-/// with its labels (a slot: one; a leader window: its slots).
+/// What a profile's pprof is made of: the profile itself, its samples
+/// labelled with their thread only (a session, an hour), or with its
+/// slot's labels too (a slot), or a leader window's slots, each sample
+/// with its own slot's.
 #[derive(Clone, Copy)]
 pub enum Parts<'a> {
     Whole,
-    Slots(&'a [(&'a Profiles, SlotLabels)]),
+    Slot(&'a SlotLabels),
+    Window(&'a WindowSlots),
 }
 
 /// The pprof profile of `p` (or of its `parts`): `samples/count`,
@@ -474,7 +476,8 @@ pub fn pprof_profile(p: &Profiles, parts: Parts<'_>, meta: &ProfileMeta) -> ppro
     }
     let parts: Vec<pprof::Part<'_>> = match parts {
         Parts::Whole => vec![part(p, period, Vec::new())],
-        Parts::Slots(slots) => slots.iter().map(|(p, l)| part(p, period, l.labels())).collect(),
+        Parts::Slot(l) => vec![part(p, period, l.labels())],
+        Parts::Window(slots) => slots.iter().map(|(p, l)| part(p, period, l.labels())).collect(),
     };
     pprof::build_parts(&types, &parts, meta)
 }

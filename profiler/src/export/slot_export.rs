@@ -124,11 +124,10 @@ impl<'a> SlotWriter<'a> {
         let dir = self.out.join("windows").join(first.to_string());
         let numbers: Vec<u64> = slots.iter().map(|s| s.number).collect();
         let p = merged(each.iter().map(|(p, _)| p));
-        let parts: Vec<(&Profiles, SlotLabels)> = each.iter().map(|(p, l)| (p, l.clone())).collect();
         write_profiles(
             &dir,
             &p,
-            Parts::Slots(&parts),
+            Parts::Window(&each),
             meta,
             &format!("leader window {numbers:?}"),
         )?;
@@ -154,7 +153,7 @@ impl SlotExport for SlotWriter<'_> {
             if slot.leader { " (leader)" } else { "" }
         );
         let labels = SlotLabels::of(slot, r.phase);
-        write_profiles(&dir, p, Parts::Slots(&[(p, labels.clone())]), r.meta, &sub)?;
+        write_profiles(&dir, p, Parts::Slot(&labels), r.meta, &sub)?;
         let summary = summarize(r);
         write_atomic(&dir.join("slot.json"), &serde_json::to_vec_pretty(&summary)?)?;
         self.summaries.push(summary);
