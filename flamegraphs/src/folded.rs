@@ -5,6 +5,33 @@ use std::{
     rc::Rc,
 };
 
+/// `frames` (root first) as one folded stack, `root;...;leaf`, each
+/// frame sanitized for the format: `;` separates frames, so a `;` inside a
+/// name (Rust array types, `[u8; 32]`) becomes `:`, and line breaks become
+/// spaces. No frame at all is `[empty stack]`.
+pub fn fold<S: AsRef<str>>(frames: impl IntoIterator<Item = S>) -> String {
+    let mut key = String::new();
+    for (i, frame) in frames.into_iter().enumerate() {
+        if i > 0 {
+            key.push(';');
+        }
+        let frame = frame.as_ref();
+        if frame.bytes().any(|b| matches!(b, b';' | b'\n' | b'\r')) {
+            key.extend(frame.chars().map(|c| match c {
+                ';' => ':',
+                '\n' | '\r' => ' ',
+                c => c,
+            }));
+        } else {
+            key.push_str(frame);
+        }
+    }
+    if key.is_empty() {
+        key.push_str("[empty stack]");
+    }
+    key
+}
+
 /// Stacks, root frame first, each with a value (samples, nanoseconds, ...).
 ///
 /// Frame names are stored sanitized for the folded format: `;` separates
@@ -22,28 +49,15 @@ impl Folded {
 
     /// Adds `value` to the stack made of `frames` (root first).
     pub fn add<S: AsRef<str>>(&mut self, frames: impl IntoIterator<Item = S>, value: u64) {
-        let mut key = String::new();
-        for (i, frame) in frames.into_iter().enumerate() {
-            if i > 0 {
-                key.push(';');
-            }
-            let frame = frame.as_ref();
-            if frame.bytes().any(|b| matches!(b, b';' | b'\n' | b'\r')) {
-                key.extend(frame.chars().map(|c| match c {
-                    ';' => ':',
-                    '\n' | '\r' => ' ',
-                    c => c,
-                }));
-            } else {
-                key.push_str(frame);
-            }
-        }
-        if key.is_empty() {
-            key.push_str("[empty stack]");
-        }
-        match self.stacks.get_mut(&key) {
+        self.add_line(fold(frames), value);
+    }
+
+    /// Adds `value` to a stack already folded by [`fold`].
+    pub fn add_line(&mut self, line: impl AsRef<str> + Into<String>, value: u64) {
+        match self.stacks.get_mut(line.as_ref()) {
             Some(v) => *v += value,
             None => {
+                let mut key: String = line.into();
                 // Kept: no spare capacity (a profile built over an hour
                 // holds thousands of keys of a few KiB each).
                 key.shrink_to_fit();

@@ -10,4 +10,4 @@ mod folded;
 pub mod pprof;
 pub mod svg;
 
-pub use folded::{Folded, FoldedSum};
+pub use folded::{fold, Folded, FoldedSum};

@@ -3,8 +3,8 @@
 
 use std::{collections::HashMap, io::Write};
 
-pub use pprof::protos::Profile;
-use pprof::protos::{Function, Label, Line, Location, Mapping, Message, Sample, ValueType};
+use pprof::protos::{Function, Label, Line, Location, Mapping, Message, ValueType};
+pub use pprof::protos::{Profile, Sample};
 
 use crate::Folded;
 
@@ -73,7 +73,9 @@ pub enum LabelValue {
 
 /// A binary mapped in the profiled process: where, from which offset of
 /// which file, and its build ID (hex), for symbolization after the fact
-/// (`go tool pprof -symbolize`, a backend's symbol server).
+/// (`go tool pprof -symbolize`, a backend's symbol server). Whether its
+/// functions are named follows from its locations: a mapping none of
+/// whose locations has a name is left for such a symbolizer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MappingInfo {
     pub start: u64,
@@ -81,8 +83,6 @@ pub struct MappingInfo {
     pub offset: u64,
     pub file: String,
     pub build_id: String,
-    /// Its frames carry function names (it was symbolized here).
-    pub symbolized: bool,
 }
 
 /// One function at a location: a location's first line is the innermost
@@ -118,7 +118,67 @@ pub struct Builder {
     /// Frames known only by name (folded stacks), found without building
     /// a `Frame` for each.
     named: HashMap<String, u64>,
-    samples: Vec<Sample>,
+    /// Locations by (mapping, address).
+    address_of: HashMap<(u64, u64), u64>,
+    /// The samples, encoded as they come (a profile's fields may come in
+    /// any order; the tables go after them).
+    samples: Spool,
+    /// The first error spooling samples (a full temporary directory):
+    /// reported by the writer.
+    error: Option<std::io::Error>,
+}
+
+/// Encoded samples: in memory up to [`Spool::IN_MEMORY`], then in an
+/// unnamed temporary file (a whole session of a busy node labels each
+/// sample with its slot: hundreds of thousands of samples).
+struct Spool {
+    buf: Vec<u8>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    count: usize,
+    /// Bytes kept in memory before the file is used.
+    limit: usize,
+}
+
+impl Spool {
+    const IN_MEMORY: usize = 4 << 20;
+
+    fn push(&mut self, sample: &Sample) -> std::io::Result<()> {
+        // Field 2 of Profile (repeated Sample), length-delimited.
+        let len = sample.encoded_len();
+        self.buf.push((2 << 3) | 2);
+        put_varint(&mut self.buf, len as u64);
+        sample.encode(&mut self.buf).map_err(std::io::Error::other)?;
+        self.count += 1;
+        if self.buf.len() >= self.limit {
+            if self.file.is_none() {
+                self.file = Some(std::io::BufWriter::new(tempfile::tempfile()?));
+            }
+            if let Some(f) = &mut self.file {
+                f.write_all(&self.buf)?;
+            }
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes every sample's encoding to `w`.
+    fn drain_into(self, w: &mut impl Write) -> std::io::Result<()> {
+        if let Some(f) = self.file {
+            use std::io::Seek;
+            let mut f = f.into_inner().map_err(|e| e.into_error())?;
+            f.seek(std::io::SeekFrom::Start(0))?;
+            std::io::copy(&mut f, w)?;
+        }
+        w.write_all(&self.buf)
+    }
+}
+
+fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
 }
 
 impl Builder {
@@ -141,7 +201,14 @@ impl Builder {
             locations: Vec::new(),
             location_of: HashMap::new(),
             named: HashMap::new(),
-            samples: Vec::new(),
+            address_of: HashMap::new(),
+            samples: Spool {
+                buf: Vec::new(),
+                file: None,
+                count: 0,
+                limit: Spool::IN_MEMORY,
+            },
+            error: None,
         }
     }
 
@@ -159,10 +226,10 @@ impl Builder {
             file_offset: m.offset,
             filename,
             build_id,
-            has_functions: m.symbolized,
+            has_functions: false,
             has_filenames: false,
             has_line_numbers: false,
-            has_inline_frames: m.symbolized,
+            has_inline_frames: false,
         });
         self.mapping_of.insert(m.clone(), id);
         id
@@ -186,10 +253,37 @@ impl Builder {
         id
     }
 
+    /// The location of an address in a mapping (added the first time,
+    /// with the functions `lines` gives, innermost first; none leaves it
+    /// to a symbolizer).
+    pub fn address_location(
+        &mut self,
+        mapping: u64,
+        address: u64,
+        lines: impl FnOnce() -> Vec<FrameLine>,
+    ) -> u64 {
+        if let Some(&id) = self.address_of.get(&(mapping, address)) {
+            return id;
+        }
+        let id = self.location(&Frame {
+            address,
+            mapping: Some(mapping),
+            lines: lines(),
+        });
+        self.address_of.insert((mapping, address), id);
+        id
+    }
+
     /// The id of a frame's location (added the first time).
     pub fn location(&mut self, frame: &Frame) -> u64 {
         if let Some(&id) = self.location_of.get(frame) {
             return id;
+        }
+        if let Some(m) = frame.mapping.filter(|_| !frame.lines.is_empty()) {
+            if let Some(m) = self.mappings.get_mut(m as usize - 1) {
+                m.has_functions = true;
+                m.has_inline_frames = true;
+            }
         }
         let line = frame
             .lines
@@ -251,23 +345,56 @@ impl Builder {
                 }
             })
             .collect();
-        self.samples.push(Sample {
+        let sample = Sample {
             location_id,
             value,
             label,
-        });
+        };
+        if self.error.is_none() {
+            if let Err(e) = self.samples.push(&sample) {
+                self.error = Some(e);
+            }
+        }
     }
 
-    /// The profile, with `meta`'s time, duration, period and comments.
-    pub fn finish(mut self, meta: &ProfileMeta) -> Profile {
+    /// Adds a sample of a folded stack (`thread;root;...;leaf`): the
+    /// thread is its `thread_name` label (first), then `labels`; a stack
+    /// with no frame past its thread keeps one, `[no stack]`, so that tools
+    /// which show only stacks count it.
+    pub fn folded_sample(&mut self, stack: &str, value: Vec<i64>, labels: &[(&str, LabelValue)]) {
+        let mut frames = stack.split(';');
+        let thread = frames.next().unwrap_or_default();
+        let mut location_id: Vec<u64> = frames.rev().map(|f| self.named_location(f)).collect();
+        if location_id.is_empty() {
+            location_id.push(self.named_location("[no stack]"));
+        }
+        let mut all = Vec::with_capacity(labels.len() + 1);
+        all.push(("thread_name", LabelValue::Str(thread.to_string())));
+        all.extend(labels.iter().cloned());
+        self.sample(location_id, value, &all);
+    }
+
+    /// Samples added so far.
+    pub fn samples(&self) -> usize {
+        self.samples.count
+    }
+
+    /// Writes the gzipped profile, with `meta`'s time, duration, period
+    /// and comments, to `w`.
+    pub fn write_gzip(mut self, meta: &ProfileMeta, w: impl Write) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("the profile's samples could not be kept in a temporary file: {e}"),
+            ));
+        }
         let period_type = meta.period_type.as_ref().map(|t| ValueType {
             ty: self.strings.id(&t.kind),
             unit: self.strings.id(&t.unit),
         });
         let comment = meta.comments.iter().map(|c| self.strings.id(c)).collect();
-        Profile {
+        let tables = Profile {
             sample_type: self.sample_type,
-            sample: self.samples,
             mapping: self.mappings,
             location: self.locations,
             function: self.functions,
@@ -278,7 +405,26 @@ impl Builder {
             comment,
             string_table: self.strings.table,
             ..Default::default()
-        }
+        };
+        let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+        // Tables first, then the samples: repeated fields may come in any
+        // order and are read as one list.
+        gz.write_all(&tables.encode_to_vec())?;
+        self.samples.drain_into(&mut gz)?;
+        gz.finish()?.flush()
+    }
+
+    /// [`Self::write_gzip`] into memory.
+    pub fn gzip(self, meta: &ProfileMeta) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_gzip(meta, &mut out)?;
+        Ok(out)
+    }
+
+    /// The profile itself (decoded from its encoding: for tests and small
+    /// profiles).
+    pub fn finish(self, meta: &ProfileMeta) -> std::io::Result<Profile> {
+        decode_gzip(&self.gzip(meta)?)
     }
 }
 
@@ -290,39 +436,31 @@ pub struct Part<'a> {
     pub labels: Vec<(&'static str, LabelValue)>,
 }
 
-/// Builds one profile of `parts` (a slot's profile is one part, a leader
-/// window's one per slot): a sample per part and stack, labelled with the
-/// stack's thread (`thread_name`, from its root frame) and the part's
-/// labels.
-pub fn build_parts(types: &[SampleType], parts: &[Part<'_>], meta: &ProfileMeta) -> Profile {
+/// Adds `part`'s stacks to `b`: a sample per stack, labelled with its
+/// thread (`thread_name`, from its root frame) and the part's labels.
+pub fn add_part(b: &mut Builder, part: &Part<'_>) {
+    let width = part.columns.len();
+    // Stack -> values, one column per input.
+    let mut merged: HashMap<&str, Vec<i64>> = HashMap::new();
+    for (col, (folded, scale)) in part.columns.iter().enumerate() {
+        for (stack, value) in folded.iter() {
+            merged.entry(stack).or_insert_with(|| vec![0; width])[col] +=
+                (value as i64).saturating_mul(*scale);
+        }
+    }
+    let mut stacks: Vec<_> = merged.into_iter().collect();
+    stacks.sort();
+    for (stack, value) in stacks {
+        b.folded_sample(stack, value, &part.labels);
+    }
+}
+
+/// One profile of `parts` (see [`add_part`]).
+pub fn build_parts(types: &[SampleType], parts: &[Part<'_>], meta: &ProfileMeta) -> std::io::Result<Profile> {
     let mut b = Builder::new(types);
     for part in parts {
         debug_assert_eq!(part.columns.len(), types.len());
-        // Stack -> values, one column per input.
-        let mut merged: HashMap<&str, Vec<i64>> = HashMap::new();
-        for (col, (folded, scale)) in part.columns.iter().enumerate() {
-            for (stack, value) in folded.iter() {
-                merged.entry(stack).or_insert_with(|| vec![0; types.len()])[col] +=
-                    (value as i64).saturating_mul(*scale);
-            }
-        }
-        let mut stacks: Vec<_> = merged.into_iter().collect();
-        stacks.sort();
-        for (stack, value) in stacks {
-            let mut frames = stack.split(';');
-            let thread = frames.next().unwrap_or_default();
-            // pprof lists locations leaf first; a sample with no frame past
-            // its thread keeps one, so that tools which show only stacks
-            // count it.
-            let mut location_id: Vec<u64> = frames.rev().map(|f| b.named_location(f)).collect();
-            if location_id.is_empty() {
-                location_id.push(b.named_location("[no stack]"));
-            }
-            let mut labels = Vec::with_capacity(part.labels.len() + 1);
-            labels.push(("thread_name", LabelValue::Str(thread.to_string())));
-            labels.extend(part.labels.iter().cloned());
-            b.sample(location_id, value, &labels);
-        }
+        add_part(&mut b, part);
     }
     b.finish(meta)
 }
@@ -366,7 +504,8 @@ mod tests {
                 labels: Vec::new(),
             }],
             &ProfileMeta::default(),
-        );
+        )
+        .unwrap();
         let bytes = encode_gzip(&p).unwrap();
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&bytes[..])
@@ -404,7 +543,6 @@ mod tests {
             offset: 0x1000,
             file: "/usr/bin/agave-validator".into(),
             build_id: "b6bbd8568fb71888".into(),
-            symbolized: true,
         };
         let m = b.mapping(&exe);
         assert_eq!(b.mapping(&exe), m, "interned");
@@ -439,7 +577,7 @@ mod tests {
             duration_nanos: 400_000_000,
             ..Default::default()
         };
-        let p = b.finish(&meta);
+        let p = b.finish(&meta).unwrap();
         let back = Profile::decode(&p.encode_to_vec()[..]).unwrap();
         assert_eq!(back.mapping.len(), 1);
         let mapping = &back.mapping[0];
@@ -460,5 +598,33 @@ mod tests {
             .unwrap();
         assert_eq!(slot.num, 312_000_123);
         assert_eq!(back.duration_nanos, 400_000_000);
+    }
+
+    #[test]
+    fn samples_past_the_memory_bound_go_through_a_temporary_file() {
+        let mut b = Builder::new(&[SampleType::new("samples", "count")]);
+        b.samples.limit = 256;
+        for i in 0..1000 {
+            b.folded_sample(
+                &format!("t;main;f{}", i % 7),
+                vec![i],
+                &[("slot", LabelValue::Num(i / 10, Some("count")))],
+            );
+        }
+        assert!(b.samples.file.is_some(), "spilled");
+        assert_eq!(b.samples(), 1000);
+        let p = b.finish(&ProfileMeta::default()).unwrap();
+        assert_eq!(p.sample.len(), 1000);
+        assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 999 * 1000 / 2);
+        // In order, each with its own labels.
+        let slot = |s: &Sample| {
+            s.label
+                .iter()
+                .find(|l| p.string_table[l.key as usize] == "slot")
+                .unwrap()
+                .num
+        };
+        assert!(p.sample.iter().enumerate().all(|(i, s)| slot(s) == i as i64 / 10));
+        assert_eq!(p.location.len(), 8, "main and f0..f6");
     }
 }

@@ -15,4 +15,4 @@ pub mod maps;
 mod symbolize;
 pub mod unwind;
 
-pub use symbolize::Symbolizer;
+pub use symbolize::{Module, Symbolizer};

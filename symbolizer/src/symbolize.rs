@@ -69,6 +69,38 @@ impl<K: std::hash::Hash + Eq, V: Clone> Bounded<K, V> {
     }
 }
 
+/// A user address's file mapping (see [`Symbolizer::module_of`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Module {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub path: Arc<str>,
+    /// Hex, empty if the file has none.
+    pub build_id: Arc<str>,
+    /// The address looked up: a return address minus one (inside the
+    /// call), as symbolizers expect it.
+    pub address: u64,
+}
+
+/// The GNU build ID of an ELF file, as hex: read through
+/// `/proc/PID/map_files` (the very file mapped, even if deleted, replaced
+/// or in another mount namespace) while the process lives, else from its
+/// path.
+fn read_build_id(path: &std::path::Path, pid: u32, start: u64, end: u64) -> Option<String> {
+    use object::Object;
+    let open = |p: &std::path::Path| -> Option<String> {
+        let data = crate::functions::read_cache(p).ok()?;
+        let file = object::File::parse(&data).ok()?;
+        let id = file.build_id().ok()??;
+        Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    };
+    open(std::path::Path::new(&format!(
+        "/proc/{pid}/map_files/{start:x}-{end:x}"
+    )))
+    .or_else(|| open(path))
+}
+
 /// The frames at one address, innermost first: shared with the cache, so
 /// a hit costs a reference count, not a copy of every name.
 pub type Frames = Arc<[String]>;
@@ -90,6 +122,9 @@ pub struct Symbolizer {
     processes: HashMap<u32, ProcessMaps>,
     user_cache: Bounded<(PathBuf, u64), Frames>,
     kernel_cache: Bounded<u64, Frames>,
+    /// Build IDs by file (hex; empty where the file has none or cannot be
+    /// read).
+    build_ids: HashMap<PathBuf, Arc<str>>,
     /// Our copy of the vDSO image, made on first need: an anonymous memory
     /// file (never a name in a shared directory), read through its
     /// `/proc/self/fd` path, gone when the symbolizer is dropped.
@@ -111,6 +146,7 @@ impl Symbolizer {
             processes: HashMap::new(),
             user_cache: Bounded::new(CACHE_GENERATION),
             kernel_cache: Bounded::new(CACHE_GENERATION),
+            build_ids: HashMap::new(),
             vdso: None,
         }
     }
@@ -192,6 +228,40 @@ impl Symbolizer {
         };
         self.user_cache.insert(key, frames.clone());
         frames
+    }
+
+    /// The file mapping holding a user address of `pid`, with its file's
+    /// build ID, and the address looked up (one byte back for a return
+    /// address): what a pprof profile's Mapping and Location carry, for
+    /// symbolizing after the fact. None for anonymous memory (JIT code),
+    /// the vDSO and other pseudo mappings.
+    pub fn module_of(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Option<Module> {
+        if addr == URETPROBE_TRAMPOLINE {
+            return None;
+        }
+        let (m, _) = self.locate(pid, addr, is_return_address)?;
+        let path = m.path.clone()?;
+        let (start, end, file_offset) = (m.start, m.end, m.file_offset);
+        let build_id = match self.build_ids.get(&path) {
+            Some(id) => id.clone(),
+            None => {
+                let id: Arc<str> = read_build_id(&path, pid, start, end).unwrap_or_default().into();
+                self.build_ids.insert(path.clone(), id.clone());
+                id
+            }
+        };
+        Some(Module {
+            start,
+            end,
+            file_offset,
+            path: path.to_string_lossy().into(),
+            build_id,
+            address: if is_return_address {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            },
+        })
     }
 
     /// `module+0xoffset` (file offset) of a user address of `pid`.

@@ -63,6 +63,21 @@ pub fn write_report(flags: &Flags, json: &str) {
     }
 }
 
+/// Pins the calling thread (and the threads it spawns after) to `cpu`;
+/// exits with status 2, saying why, when the kernel refuses.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET bounds `cpu`.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        eprintln!("cannot pin to CPU {cpu}: {}", std::io::Error::last_os_error());
+        std::process::exit(2);
+    }
+}
+
 /// Names the calling thread (what `comm` and flamegraph roots show).
 pub fn name_thread(name: &str) {
     let c = std::ffi::CString::new(name).expect("thread name");

@@ -25,8 +25,10 @@ fn run_validator_with(
     let dir = scratch(test);
     let report = dir.join("report.json");
     let out = dir.join("out");
-    // Start the slots a little in the future, so both sides share the origin.
-    let origin = monotonic_ns() + 500_000_000;
+    // Start the slots in the future, so both sides share the origin: past
+    // slotprof's attach (0.5 s on a 2-vCPU VM, where 0.5 s of margin let an
+    // RPC source first see slot 1 already under way, its start unknown).
+    let origin = monotonic_ns() + 1_500_000_000;
     let source = source.replace("{origin}", &origin.to_string());
     let o = run_slotprof(
         &vec![
@@ -358,56 +360,21 @@ fn uprobe_slots_take_numbers_and_leaders_from_rpc() {
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
 
-/// `go tool pprof` (Go from the system's packages), or None.
-fn go_binary() -> Option<std::path::PathBuf> {
-    ["/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"]
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists())
-}
-
-/// `go tool pprof ARGS`: its stdout, or a panic with its stderr.
-fn go_pprof(go: &Path, args: &[&str]) -> String {
-    let o = std::process::Command::new(go)
-        .args(["tool", "pprof"])
-        .args(args)
-        // Go's tools want a writable home for their cache.
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "go tool pprof {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Each sample type's total in a pprof file, by its type name.
-fn pprof_totals(path: &Path) -> std::collections::BTreeMap<String, i64> {
-    let p = flamegraphs::pprof::decode_gzip(&std::fs::read(path).unwrap()).unwrap();
-    p.sample_type
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            (
-                p.string_table[t.ty as usize].clone(),
-                p.sample.iter().map(|s| s.value[i]).sum(),
-            )
-        })
-        .collect()
-}
-
 /// Every profile slotprof writes (the session's, each slot's, each leader
 /// window's) is read by `go tool pprof` (`-raw`, `-top`, `-traces`,
 /// `-tags`), with `samples/count`, `cpu/nanoseconds` and
-/// `offcpu/nanoseconds`, each sample labelled with its thread (and in a
-/// slot's and a window's with its slot, leader flag); in a window,
-/// `-tagfocus slot=N` selects exactly slot N's samples: their totals equal
-/// slot N's own profile's.
+/// `offcpu/nanoseconds`, each sample labelled with its thread (name and
+/// id), its CPU when on-CPU, and (in a slot's, a window's and the
+/// session's) its slot and leader flag. `-tagfocus slot=N` selects exactly
+/// slot N's samples in its window and in the session's profile (totals
+/// equal slot N's own profile's); the session's totals equal its folded
+/// files' (the samples outside every slot are there, unlabelled);
+/// `-tagfocus thread_id=PID` selects the main thread's samples (the
+/// folded profiles' `bank-loop` root), and with the program pinned to one
+/// CPU, `-tagfocus cpu=N` selects every on-CPU sample.
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
-fn go_tool_pprof_reads_every_profile_and_a_slot_label_selects_that_slot_in_its_window() {
+fn go_tool_pprof_reads_every_profile_and_its_labels_select_a_slot_a_thread_and_a_cpu() {
     let Some(_k) = kernel() else { return };
     let Some(go) = go_binary() else {
         skip(
@@ -416,7 +383,14 @@ fn go_tool_pprof_reads_every_profile_and_a_slot_label_selects_that_slot_in_its_w
         );
         return;
     };
-    let (out, _truth) = run_validator("pprof", "clock=400ms,origin={origin},leader=4/8", 8);
+    // The last CPU (CPU 0 takes most interrupts).
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let (out, truth, _) = run_validator_with(
+        "pprof",
+        "clock=400ms,origin={origin},leader=4/8",
+        8,
+        &["--cpu", &cpu.to_string()],
+    );
     let mut files = vec![out.join("profile.pb.gz")];
     for dir in ["slots", "windows"] {
         for e in std::fs::read_dir(out.join(dir)).unwrap() {
@@ -436,44 +410,183 @@ fn go_tool_pprof_reads_every_profile_and_a_slot_label_selects_that_slot_in_its_w
         go_pprof(&go, &["-top", f.to_str().unwrap()]);
         go_pprof(&go, &["-traces", f.to_str().unwrap()]);
         let tags = go_pprof(&go, &["-tags", f.to_str().unwrap()]);
-        assert!(tags.contains("thread_name"), "{name}: {tags}");
-        if !name.starts_with("profile") {
-            assert!(tags.contains("slot") && tags.contains("leader"), "{name}: {tags}");
+        for label in ["thread_name", "thread_id", "slot", "leader"] {
+            assert!(tags.contains(label), "{name}: no {label} in {tags}");
+        }
+        // (A slot with no on-CPU sample has no CPU to label.)
+        if totals["samples"] > 0 {
+            assert!(tags.contains("cpu"), "{name}: no cpu in {tags}");
+        }
+        // Every sample has its thread; on-CPU ones their CPU: for the
+        // threads named after the program pinned itself, that CPU.
+        let p = flamegraphs::pprof::decode_gzip(&std::fs::read(f).unwrap()).unwrap();
+        // (number, string) of a sample's label.
+        let label = |s: &flamegraphs::pprof::Sample, key: &str| {
+            s.label
+                .iter()
+                .find(|l| p.string_table[l.key as usize] == key)
+                .map(|l| (l.num, p.string_table[l.str as usize].clone()))
+        };
+        for s in &p.sample {
+            assert!(label(s, "thread_id").is_some_and(|t| t.0 > 0), "{name}: {s:?}");
+            if s.value[0] > 0 {
+                let cpu_label = label(s, "cpu").map(|l| l.0);
+                assert!(cpu_label.is_some(), "{name}: {s:?}");
+                let thread = label(s, "thread_name").map(|l| l.1);
+                if matches!(thread.as_deref(), Some("bank-loop" | "bank-lock-holde")) {
+                    assert_eq!(cpu_label, Some(cpu as i64), "{name}: {s:?}");
+                }
+            }
         }
     }
     eprintln!("go tool pprof read all {} profiles", files.len());
-    // Window 0 holds slots 0-3 (leader=4/8).
-    let window = out.join("windows/0/profile.pb.gz");
-    let mut selected = 0;
-    for n in 0..4 {
-        let own = out.join(format!("slots/{n}/profile.pb.gz"));
-        let want = pprof_totals(&own);
-        let picked = scratch(&format!("pprof-slot-{n}")).join("picked.pb.gz");
+    let select = |profile: &Path, tag: &str, what: &str| {
+        let picked = scratch(&format!("pprof-{what}")).join("picked.pb.gz");
         go_pprof(
             &go,
             &[
                 "-proto",
                 "-tagfocus",
-                &format!("slot={n}"),
+                tag,
                 "-output",
                 picked.to_str().unwrap(),
-                window.to_str().unwrap(),
+                profile.to_str().unwrap(),
             ],
         );
         let got = pprof_totals(&picked);
-        assert!(
-            row(
-                "pprof",
-                &format!("window 0, -tagfocus slot={n}: totals vs slot {n}'s own profile"),
-                &format!("{got:?} vs {want:?}"),
-                "equal",
-                got == want
-            ),
-            "slot {n}"
-        );
-        selected += usize::from(want["samples"] > 0);
         let _ = std::fs::remove_dir_all(picked.parent().unwrap());
+        got
+    };
+    // Window 0 holds slots 0-3 (leader=4/8); the session all 8.
+    let window = out.join("windows/0/profile.pb.gz");
+    let session = out.join("profile.pb.gz");
+    let mut selected = 0;
+    for n in 0..8 {
+        let want = pprof_totals(&out.join(format!("slots/{n}/profile.pb.gz")));
+        let mut from = vec![("session", &session)];
+        if n < 4 {
+            from.push(("window 0", &window));
+        }
+        for (what, profile) in from {
+            let got = select(profile, &format!("slot={n}"), &format!("{what}-{n}"));
+            assert!(
+                row(
+                    "pprof",
+                    &format!("{what}, -tagfocus slot={n}: totals vs slot {n}'s own profile"),
+                    &format!("{got:?} vs {want:?}"),
+                    "equal",
+                    got == want
+                ),
+                "slot {n} from {what}"
+            );
+        }
+        selected += usize::from(want["samples"] > 0);
     }
-    assert!(selected >= 2, "only {selected} of window 0's slots had samples");
+    assert!(selected >= 4, "only {selected} of the 8 slots had samples");
+    // The session's profile holds what its folded files hold: the slots'
+    // samples and the rest (before the first slot, after the last).
+    let folded = |file: &str| {
+        std::fs::read_to_string(out.join(file))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.rsplit_once(' '))
+            .map(|(stack, n)| {
+                (
+                    stack.split(';').next().unwrap().to_string(),
+                    n.parse::<i64>().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let (on, off) = (folded("oncpu.folded"), folded("offcpu.folded"));
+    let sum = |v: &[(String, i64)], thread: Option<&str>| {
+        v.iter()
+            .filter(|(t, _)| thread.is_none_or(|th| t == th))
+            .map(|(_, n)| n)
+            .sum::<i64>()
+    };
+    let whole = pprof_totals(&session);
+    assert!(
+        row(
+            "pprof",
+            "session profile vs its folded files: samples, off-CPU ns",
+            &format!(
+                "{} vs {}, {} vs {}",
+                whole["samples"],
+                sum(&on, None),
+                whole["offcpu"],
+                sum(&off, None)
+            ),
+            "equal",
+            (whole["samples"], whole["offcpu"]) == (sum(&on, None), sum(&off, None))
+        ),
+        "session totals"
+    );
+    // The main thread (tid = pid) is the folded files' `bank-loop`: all of
+    // it, and nothing of the other thread, `bank-lock-holder` (blocked on
+    // its channel the whole run); samples from before the main thread
+    // named itself (as `synthetic-valid` or the forked `slotprof`) may be
+    // in too.
+    let pid = truth["pid"].as_u64().unwrap();
+    let main = select(&session, &format!("thread_id={pid}"), "thread");
+    let got = (main["samples"], main["offcpu"]);
+    let lo = (sum(&on, Some("bank-loop")), sum(&off, Some("bank-loop")));
+    let hi = (
+        sum(&on, None) - sum(&on, Some("bank-lock-holde")),
+        sum(&off, None) - sum(&off, Some("bank-lock-holde")),
+    );
+    assert!(
+        row(
+            "pprof",
+            &format!(
+                "session, -tagfocus thread_id={pid}: vs the folded bank-loop thread .. all but the holder's"
+            ),
+            &format!("{got:?} vs {lo:?}..{hi:?}"),
+            "within, samples > 0, the holder's time left out",
+            lo.0 <= got.0
+                && got.0 <= hi.0
+                && lo.1 <= got.1
+                && got.1 <= hi.1
+                && lo.0 > 0
+                && sum(&off, Some("bank-lock-holde")) > 0
+        ),
+        "thread_id"
+    );
+    // trace.json's events carry the same labels as args: a slot's on-CPU
+    // sample events are its profile's samples.
+    let trace = read_json(&out.join("trace.json"));
+    let events = trace["traceEvents"].as_array().unwrap();
+    for n in 0..8u64 {
+        let in_slot: Vec<_> = events
+            .iter()
+            .filter(|e| e["cat"] == "oncpu" && e["args"]["slot"] == n)
+            .collect();
+        let want = pprof_totals(&out.join(format!("slots/{n}/profile.pb.gz")))["samples"];
+        assert_eq!(
+            in_slot.len() as i64,
+            want,
+            "trace.json's slot {n} samples vs its profile"
+        );
+        for e in in_slot {
+            assert_eq!(e["args"]["cpu"], cpu as u64, "{e}");
+            assert_eq!(e["args"]["thread_id"], e["tid"], "{e}");
+            assert_eq!(e["args"]["leader"], n < 4, "{e}");
+        }
+    }
+    let on_cpu = select(&session, &format!("cpu={cpu}"), "cpu");
+    let pinned = sum(&on, Some("bank-loop")) + sum(&on, Some("bank-lock-holde"));
+    assert!(
+        row(
+            "pprof",
+            &format!("session, -tagfocus cpu={cpu} (the program pinned there): on-CPU samples"),
+            &format!(
+                "{} of {}; the pinned threads' {pinned}",
+                on_cpu["samples"], whole["samples"]
+            ),
+            "from the pinned threads' to all, > 0",
+            pinned <= on_cpu["samples"] && on_cpu["samples"] <= whole["samples"] && pinned > 0
+        ),
+        "cpu"
+    );
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }

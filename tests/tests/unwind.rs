@@ -561,6 +561,108 @@ fn a_stripped_binary_still_unwinds_and_a_corrupt_eh_frame_falls_back_said_once()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A stripped binary's frames reach the pprof profile as addresses in its
+/// mapping, with its file, load address, offset and build ID (the ELF's),
+/// and no names; google/pprof's `-symbolize=local` names them from the
+/// unstripped build it finds by that build ID (`PPROF_BINARY_PATH`), and
+/// refuses a binary whose build ID differs. (Go's bundled `go tool pprof`
+/// cannot: it has no build IDs and symbolizes Go binaries only.)
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_stripped_binarys_profile_is_symbolized_by_pprof_through_its_mapping_and_build_id() {
+    let Some(_k) = kernel() else { return };
+    let Some(pprof) = google_pprof() else {
+        skip(
+            Need::Tool("pprof"),
+            "no google/pprof in .tools/bin (`cargo xtask test` builds it from Debian's golang-github-google-pprof-dev)",
+        );
+        return;
+    };
+    let dir = scratch("unwind-symbolize");
+    let Some(stripped) = objcopy_of_stall_deep(&dir, "stripped", &["--strip-all"]) else {
+        return;
+    };
+    let unstripped = without_frame_pointers("stall-deep");
+    let build_id = |bin: &Path| -> String {
+        let o = Command::new("readelf").arg("-n").arg(bin).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .unwrap_or_else(|| panic!("no build ID in {}: {text}", bin.display()))
+            .to_string()
+    };
+    let id = build_id(&unstripped);
+    assert_eq!(build_id(&stripped), id, "strip keeps the build ID");
+    let (out, _) = record_copy(&dir, &stripped);
+    let profile = out.join("profile.pb.gz");
+    let p = flamegraphs::pprof::decode_gzip(&std::fs::read(&profile).unwrap()).unwrap();
+    let text = |i: i64| p.string_table[i as usize].as_str();
+    let m = p
+        .mapping
+        .iter()
+        .find(|m| text(m.filename).ends_with("/stripped"))
+        .unwrap_or_else(|| panic!("no mapping of the stripped binary: {:?}", p.mapping));
+    assert_eq!(text(m.build_id), id);
+    assert!(!m.has_functions, "nothing named in the stripped binary: {m:?}");
+    let in_it: Vec<_> = p.location.iter().filter(|l| l.mapping_id == m.id).collect();
+    assert!(
+        in_it.len() >= 4
+            && in_it
+                .iter()
+                .all(|l| l.line.is_empty() && l.address >= m.memory_start && l.address < m.memory_limit),
+        "{} locations in the stripped binary, each should be an address in it without a name",
+        in_it.len()
+    );
+    let chain = ["deep_spin_leaf", "deep_spin_mid", "deep_spin_top"];
+    let traces = |binaries: &Path| {
+        go_pprof_with(
+            &pprof,
+            &["-symbolize=local", "-traces", profile.to_str().unwrap()],
+            &[("PPROF_BINARY_PATH", binaries)],
+        )
+    };
+    let whole = |text: &str| {
+        text.split("-----------+-------------------------------------------------------")
+            .filter(|t| {
+                let at: Vec<Option<usize>> = chain.iter().map(|f| t.find(f)).collect();
+                at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1])
+            })
+            .count()
+    };
+    // Nothing but the stripped binary itself: addresses, no names.
+    let empty = dir.join("no-binaries");
+    std::fs::create_dir_all(&empty).unwrap();
+    let plain = traces(&empty);
+    assert_eq!(whole(&plain), 0, "{plain}");
+    // The unstripped build under its build ID: every frame named, inlined
+    // calls included.
+    let binaries = dir.join("binaries");
+    std::fs::create_dir_all(binaries.join(&id)).unwrap();
+    std::fs::copy(&unstripped, binaries.join(&id).join("stripped")).unwrap();
+    let named = traces(&binaries);
+    let found = whole(&named);
+    assert!(
+        row(
+            "pprof",
+            "stripped binary's profile, pprof -symbolize=local, the unstripped build by build ID: traces leaf;mid;top named",
+            &found.to_string(),
+            ">= 1",
+            found >= 1
+        ),
+        "{named}"
+    );
+    // Another build (frame pointers: another build ID) in that place:
+    // refused, nothing named.
+    let other = stall_program("stall-deep");
+    assert_ne!(build_id(&other), id);
+    let wrong = dir.join("wrong");
+    std::fs::create_dir_all(wrong.join(&id)).unwrap();
+    std::fs::copy(&other, wrong.join(&id).join("stripped")).unwrap();
+    let refused = traces(&wrong);
+    assert_eq!(whole(&refused), 0, "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The size of a section of an ELF file, from readelf.
 fn section_size(bin: &Path, name: &str) -> usize {
     let out = Command::new("readelf")

@@ -26,37 +26,71 @@ pub fn test_tools(root: &Path) -> anyhow::Result<()> {
     // Chromium opens the HTML report; perf is the unwinding tests' reference
     // (perf record --call-graph dwarf on the same run), natively and in the
     // test VMs (which get the host's perf); Go's `go tool pprof` reads every
-    // pprof profile slotprof writes.
+    // pprof profile slotprof writes, and google/pprof (Debian ships its
+    // source) symbolizes one by its mappings and build IDs, which Go's
+    // bundled pprof does not (it has no build IDs and symbolizes Go
+    // binaries only).
     let missing: Vec<&str> = [
         ("/usr/bin/chromium", "chromium"),
         ("/usr/bin/perf", "linux-perf"),
         ("/usr/bin/go", "golang-go"),
+        (PPROF_SOURCE, "golang-github-google-pprof-dev"),
     ]
     .iter()
     .filter(|(bin, _)| !Path::new(bin).exists())
     .map(|(_, package)| *package)
     .collect();
-    if missing.is_empty() {
+    if !missing.is_empty() {
+        if !crate::is_root() {
+            eprintln!(
+                "xtask: not root, cannot install {}: the tests that need them will be skipped",
+                missing.join(", ")
+            );
+            return Ok(());
+        }
+        let env = [("DEBIAN_FRONTEND", "noninteractive")];
+        let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+        args.extend(&missing);
+        let ok = crate::run_env(root, "apt-get", &["update", "-qq"], &env)
+            .and_then(|_| crate::run_env(root, "apt-get", &args, &env));
+        if let Err(e) = ok {
+            eprintln!(
+                "xtask: could not install {} ({e:#}): the tests that need them will be skipped",
+                missing.join(", ")
+            );
+        }
+    }
+    if let Err(e) = google_pprof(root) {
+        eprintln!("xtask: could not build google/pprof ({e:#}): the test that needs it will be skipped");
+    }
+    Ok(())
+}
+
+/// Where Debian's golang-github-google-pprof-dev puts pprof's source.
+const PPROF_SOURCE: &str = "/usr/share/gocode/src/github.com/google/pprof";
+
+/// google/pprof built from Debian's source package into `.tools/bin/pprof`
+/// (offline: its dependencies are Debian packages in the same GOPATH).
+fn google_pprof(root: &Path) -> anyhow::Result<()> {
+    let out = root.join(".tools/bin/pprof");
+    if out.exists() || !Path::new(PPROF_SOURCE).exists() || !Path::new("/usr/bin/go").exists() {
         return Ok(());
     }
-    if !crate::is_root() {
-        eprintln!(
-            "xtask: not root, cannot install {}: the tests that need them will be skipped",
-            missing.join(", ")
-        );
-        return Ok(());
-    }
-    let env = [("DEBIAN_FRONTEND", "noninteractive")];
-    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    args.extend(&missing);
-    let ok = crate::run_env(root, "apt-get", &["update", "-qq"], &env)
-        .and_then(|_| crate::run_env(root, "apt-get", &args, &env));
-    if let Err(e) = ok {
-        eprintln!(
-            "xtask: could not install {} ({e:#}): the tests that need them will be skipped",
-            missing.join(", ")
-        );
-    }
+    std::fs::create_dir_all(root.join(".tools/bin"))?;
+    // Go wants a writable cache; a private one, removed after.
+    let cache = crate::private_temp_dir("slotprof-go-cache")?;
+    let status = std::process::Command::new("/usr/bin/go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg("github.com/google/pprof")
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", &cache)
+        .env("HOME", &cache)
+        .status();
+    let _ = std::fs::remove_dir_all(&cache);
+    let status = status?;
+    anyhow::ensure!(status.success(), "go build github.com/google/pprof: {status}");
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! One profiling session: attach, collect until told to stop, write.
 
 use std::{
+    collections::HashMap,
     io::{IsTerminal, Write},
     os::fd::{AsFd, OwnedFd},
     path::PathBuf,
@@ -19,7 +20,7 @@ use crate::{
     kernel::events,
     kernel::probes::{ProbeConfig, Probes, StackCache},
     kernel::target::Target,
-    pipeline::aggregate::{Aggregator, StackTable},
+    pipeline::aggregate::{Aggregator, Profiles, Row, RowKey, StackTable},
     slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
     slots::{monotonic_ns, Timeline},
@@ -859,10 +860,17 @@ fn write_outputs(
             error: format!("{e:#}"),
         }),
     };
+    // With slots, the session's pprof labels each sample with its slot:
+    // written after the slots are (below).
+    let slotted = opts.spec.slot_source.is_some();
     for (path, result) in report::write_profiles_each(
         &opts.out,
         &a.profiles,
-        report::Parts::Whole,
+        if slotted {
+            report::Parts::None
+        } else {
+            report::Parts::Whole
+        },
         &a.meta,
         &a.subtitle,
         crate::output::write_atomic,
@@ -880,10 +888,12 @@ fn write_outputs(
         let period_ns = 1_000_000_000 / opts.spec.frequency_hz.max(1);
         let slot_phase = |s: &crate::slots::Slot| phase_at(&c.phases, s.start_ns + s.duration_ns() / 2);
         let mut writer = slot_export::SlotWriter::new(&opts.out, &a.findings);
+        let mut session_pprof = SlotLabelled::new(&a.profiles, a.meta.period.max(0));
         let slots = c
             .agg
             .resolve_slots_each(&a.timeline, &c.table, &mut c.sym, |i, p| {
                 let slot = &a.timeline.slots()[i];
+                session_pprof.slot(&p, &report::SlotLabels::of(slot, slot_phase(slot)));
                 writer.slot(&SlotResult {
                     slot,
                     profiles: &p,
@@ -899,6 +909,17 @@ fn write_outputs(
             })
             .and_then(|()| writer.finish(&a.meta));
         let has_windows = a.timeline.slots().iter().any(|s| s.window.is_some());
+        // The session's pprof: its slots' samples labelled, the rest not;
+        // if the slots stopped short, the whole session unlabelled.
+        let b = match &slots {
+            Ok(_) => session_pprof.finish(),
+            Err(_) => report::pprof_profile(&a.profiles, report::Parts::Whole, &a.meta),
+        };
+        let pprof_path = opts.out.join("profile.pb.gz");
+        attempt(
+            pprof_path.clone(),
+            crate::output::write_atomic_with(&pprof_path, |w| b.write_gzip(&a.meta, w)),
+        );
         match slots {
             Ok(_) => {
                 attempt(opts.out.join("slots/"), Ok(()));
@@ -917,14 +938,9 @@ fn write_outputs(
     attempt(
         trace_path.clone(),
         crate::output::write_atomic_with(&trace_path, |w| {
-            slot_export::write_trace(
-                w,
-                c.target.pid,
-                &c.target.comm,
-                &a.timeline,
-                c.agg.samples(),
-                c.agg.intervals(),
-            )
+            slot_export::write_trace(w, c.target.pid, &c.target.comm, &a.timeline, &c.agg, &|ts| {
+                phase_at(&c.phases, ts)
+            })
         }),
     );
     written.push(summary_path.clone());
@@ -949,6 +965,65 @@ fn write_outputs(
         summary_path,
         printed,
     })
+}
+
+/// A session's pprof profile with each sample labelled with its slot: the
+/// slots' rows as they are resolved, then what is left of the whole
+/// session's (events outside every slot), unlabelled. Samples are spooled
+/// as they come (see [`flamegraphs::pprof::Builder`]).
+struct SlotLabelled<'a> {
+    b: flamegraphs::pprof::Builder,
+    whole: &'a Profiles,
+    /// What the slots have not taken yet, by (stack, thread, CPU):
+    /// (samples, off-CPU ns).
+    left: HashMap<RowKey, (u64, u64)>,
+    period_ns: i64,
+}
+
+impl<'a> SlotLabelled<'a> {
+    fn new(whole: &'a Profiles, period_ns: i64) -> Self {
+        let mut left: HashMap<_, (u64, u64)> = HashMap::with_capacity(whole.rows.len());
+        for r in &whole.rows {
+            let v = left.entry(r.key()).or_default();
+            v.0 += r.samples;
+            v.1 += r.offcpu_ns;
+        }
+        Self {
+            b: flamegraphs::pprof::Builder::new(&report::pprof_types()),
+            whole,
+            left,
+            period_ns,
+        }
+    }
+
+    fn slot(&mut self, p: &Profiles, labels: &report::SlotLabels) {
+        for r in &p.rows {
+            if let Some(v) = self.left.get_mut(&r.key()) {
+                v.0 = v.0.saturating_sub(r.samples);
+                v.1 = v.1.saturating_sub(r.offcpu_ns);
+            }
+        }
+        report::add_rows(&mut self.b, &p.rows, self.period_ns, &labels.labels());
+    }
+
+    fn finish(mut self) -> flamegraphs::pprof::Builder {
+        let rest: Vec<Row> = self
+            .whole
+            .rows
+            .iter()
+            .filter_map(|r| {
+                // Each key once (the whole session's rows are distinct).
+                let (samples, offcpu_ns) = self.left.remove(&r.key())?;
+                (samples > 0 || offcpu_ns > 0).then(|| Row {
+                    samples,
+                    offcpu_ns,
+                    ..r.clone()
+                })
+            })
+            .collect();
+        report::add_rows(&mut self.b, &rest, self.period_ns, &[]);
+        self.b
+    }
 }
 
 /// A symbolizer that has taken the memory map of `pid`.

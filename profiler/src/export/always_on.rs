@@ -578,11 +578,9 @@ impl Exporter {
         h.last_write = Some(std::time::Instant::now());
         let dir = self.dir.join("hours").join(&h.name);
         let fresh = !dir.exists();
-        let p = Profiles {
-            oncpu: h.oncpu.to_folded(),
-            offcpu: h.offcpu.to_folded(),
-            median_user_depth: None,
-        };
+        // Summed by stack over the hour: no thread ids or CPUs (the slots'
+        // and windows' profiles have them).
+        let p = Profiles::from_folded(h.oncpu.to_folded(), h.offcpu.to_folded());
         // The hour's own time, not the process's.
         let mut meta = meta.clone();
         let mono_to_unix = self.mono_to_unix;
@@ -687,11 +685,7 @@ impl SlotExport for Exporter {
 
 #[cfg(test)]
 fn empty_profiles() -> Profiles {
-    Profiles {
-        oncpu: flamegraphs::Folded::new(),
-        offcpu: flamegraphs::Folded::new(),
-        median_user_depth: None,
-    }
+    Profiles::default()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::{
     kernel::probes::{Counters, ProbeStatus, ProgramCost},
     output::write_atomic,
-    pipeline::aggregate::{LongInterval, Profiles, ThreadTotals},
+    pipeline::aggregate::{LongInterval, Profiles, Row, ThreadTotals},
 };
 
 /// Everything `summary.json` records about a session.
@@ -423,7 +423,7 @@ impl SlotLabels {
         }
     }
 
-    fn labels(&self) -> Vec<(&'static str, pprof::LabelValue)> {
+    pub fn labels(&self) -> Vec<(&'static str, pprof::LabelValue)> {
         use pprof::LabelValue::{Num, Str};
         let mut l = vec![
             // A unit, so that slot 0 is kept: Go's decoder drops a
@@ -443,43 +443,148 @@ impl SlotLabels {
 pub type WindowSlots = Vec<(Profiles, SlotLabels)>;
 
 /// What a profile's pprof is made of: the profile itself, its samples
-/// labelled with their thread only (a session, an hour), or with its
-/// slot's labels too (a slot), or a leader window's slots, each sample
-/// with its own slot's.
+/// labelled with their thread (and CPU) only (a session, an hour), or with
+/// its slot's labels too (a slot), or a leader window's slots, each sample
+/// with its own slot's. `None`: no pprof file (its writer makes it: a
+/// session's, labelled slot by slot).
 #[derive(Clone, Copy)]
 pub enum Parts<'a> {
     Whole,
     Slot(&'a SlotLabels),
     Window(&'a WindowSlots),
+    None,
 }
 
-/// The pprof profile of `p` (or of its `parts`): `samples/count`,
+/// The pprof sample types of every profile: `samples/count`,
 /// `cpu/nanoseconds` (samples x the sampling period) and
-/// `offcpu/nanoseconds`, each sample labelled with its thread and its
-/// part's labels.
-pub fn pprof_profile(p: &Profiles, parts: Parts<'_>, meta: &ProfileMeta) -> pprof::Profile {
-    let types = [
+/// `offcpu/nanoseconds`.
+pub fn pprof_types() -> [SampleType; 3] {
+    [
         SampleType::new("samples", "count"),
         SampleType::new("cpu", "nanoseconds"),
         SampleType::new("offcpu", "nanoseconds"),
-    ];
-    let period = meta.period.max(0);
-    fn part<'a>(
-        p: &'a Profiles,
-        period: i64,
-        labels: Vec<(&'static str, pprof::LabelValue)>,
-    ) -> pprof::Part<'a> {
-        pprof::Part {
-            columns: vec![(&p.oncpu, 1), (&p.oncpu, period), (&p.offcpu, 1)],
-            labels,
+    ]
+}
+
+/// Adds `rows` to a profile: a sample per row, labelled with its thread
+/// (`thread_name`, `thread_id`), its CPU (on-CPU samples) and `labels`
+/// (a slot's).
+pub fn add_rows<'r>(
+    b: &mut pprof::Builder,
+    rows: impl IntoIterator<Item = &'r Row>,
+    period_ns: i64,
+    labels: &[(&'static str, pprof::LabelValue)],
+) {
+    use pprof::LabelValue::Num;
+    let mut all = Vec::with_capacity(labels.len() + 2);
+    for r in rows {
+        all.clear();
+        // Numbers with a unit: Go's decoder drops a numeric label of 0
+        // without one (CPU 0); "count" scales to nothing, so `-tagfocus
+        // cpu=0` matches.
+        if let Some(tid) = r.tid {
+            all.push(("thread_id", Num(tid as i64, Some("count"))));
+        }
+        if let Some(cpu) = r.cpu {
+            all.push(("cpu", Num(cpu as i64, Some("count"))));
+        }
+        all.extend(labels.iter().cloned());
+        let samples = r.samples.min(i64::MAX as u64) as i64;
+        let value = vec![
+            samples,
+            samples.saturating_mul(period_ns),
+            r.offcpu_ns.min(i64::MAX as u64) as i64,
+        ];
+        match located(b, r) {
+            Some(location_id) => {
+                let thread = r.stack.split(';').next().unwrap_or_default();
+                all.insert(0, ("thread_name", pprof::LabelValue::Str(thread.to_string())));
+                b.sample(location_id, value, &all);
+            }
+            None => b.folded_sample(&r.stack, value, &all),
         }
     }
-    let parts: Vec<pprof::Part<'_>> = match parts {
-        Parts::Whole => vec![part(p, period, Vec::new())],
-        Parts::Slot(l) => vec![part(p, period, l.labels())],
-        Parts::Window(slots) => slots.iter().map(|(p, l)| part(p, period, l.labels())).collect(),
-    };
-    pprof::build_parts(&types, &parts, meta)
+}
+
+/// The locations of a row's stack, leaf first, with addresses: a user
+/// frame's in its file mapping (with its build ID), its inlined calls as
+/// lines of one location, and no name where none was found (left for
+/// `go tool pprof -symbolize` or a backend's symbolizer); kernel frames and
+/// markers by name. None where the row has no addresses (or they do not
+/// add up to its names: then its names alone).
+fn located(b: &mut pprof::Builder, r: &Row) -> Option<Vec<u64>> {
+    let locs = r.locs.as_ref()?;
+    let names: Vec<&str> = r.stack.split(';').skip(1).collect();
+    if locs.iter().map(|l| l.names as usize).sum::<usize>() != names.len() {
+        return None;
+    }
+    let mut ids = Vec::with_capacity(locs.len());
+    let mut at = 0;
+    for l in locs.iter() {
+        let run = &names[at..at + l.names as usize];
+        at += l.names as usize;
+        let id = match &l.module {
+            Some(m) => {
+                let mapping = b.mapping(&pprof::MappingInfo {
+                    start: m.start,
+                    limit: m.end,
+                    offset: m.file_offset,
+                    file: m.path.to_string(),
+                    build_id: m.build_id.to_string(),
+                });
+                b.address_location(mapping, l.address, || {
+                    if !l.symbolized {
+                        return Vec::new();
+                    }
+                    // Innermost (the run's last) first.
+                    run.iter()
+                        .rev()
+                        .map(|n| pprof::FrameLine {
+                            function: n.to_string(),
+                            ..Default::default()
+                        })
+                        .collect()
+                })
+            }
+            None if run.len() == 1 => b.named_location(run[0]),
+            None => b.location(&pprof::Frame {
+                address: 0,
+                mapping: None,
+                lines: run
+                    .iter()
+                    .rev()
+                    .map(|n| pprof::FrameLine {
+                        function: n.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+        };
+        ids.push(id);
+    }
+    ids.reverse();
+    if ids.is_empty() {
+        ids.push(b.named_location("[no stack]"));
+    }
+    Some(ids)
+}
+
+/// The pprof profile of `p` (or of its `parts`), unwritten: each sample
+/// labelled with its thread, CPU and its part's labels.
+pub fn pprof_profile(p: &Profiles, parts: Parts<'_>, meta: &ProfileMeta) -> pprof::Builder {
+    let mut b = pprof::Builder::new(&pprof_types());
+    let period = meta.period.max(0);
+    match parts {
+        Parts::Whole => add_rows(&mut b, &p.rows, period, &[]),
+        Parts::Slot(l) => add_rows(&mut b, &p.rows, period, &l.labels()),
+        Parts::Window(slots) => {
+            for (p, l) in slots {
+                add_rows(&mut b, &p.rows, period, &l.labels());
+            }
+        }
+        Parts::None => {}
+    }
+    b
 }
 
 /// Writes the flamegraphs, the folded stacks and the pprof profile into
@@ -548,8 +653,12 @@ pub fn write_profiles_each(
         palette: "io".into(),
     };
     put("offcpu.svg", svg::render(&p.offcpu, &off));
-    let profile = pprof_profile(p, parts, meta);
-    put("profile.pb.gz", pprof::encode_gzip(&profile).map_err(Into::into));
+    if !matches!(parts, Parts::None) {
+        put(
+            "profile.pb.gz",
+            pprof_profile(p, parts, meta).gzip(meta).map_err(Into::into),
+        );
+    }
     done
 }
 

@@ -13,7 +13,6 @@ use crate::{
     export::report::{write_profiles, Parts, SlotLabels, WindowSlots},
     output::write_atomic,
     pipeline::aggregate::{Profiles, StackKey},
-    pipeline::intervals::IntervalStore,
     slots::{Slot, Timeline},
 };
 
@@ -184,14 +183,9 @@ impl SlotExport for SlotWriter<'_> {
 
 /// The sum of slots' profiles (a window's).
 pub(crate) fn merged<'a>(each: impl Iterator<Item = &'a Profiles>) -> Profiles {
-    let mut p = Profiles {
-        oncpu: Folded::new(),
-        offcpu: Folded::new(),
-        median_user_depth: None,
-    };
+    let mut p = Profiles::default();
     for e in each {
-        p.oncpu.merge(&e.oncpu);
-        p.offcpu.merge(&e.offcpu);
+        p.merge(e);
     }
     p
 }
@@ -214,7 +208,9 @@ pub(crate) fn window_json<S: std::borrow::Borrow<Slot>>(
 }
 
 /// The Chrome trace-event file: a track per thread with on-CPU samples
-/// (instants) and off-CPU spans, and tracks for slots and leader windows.
+/// (instants) and off-CPU spans, each with the pprof profiles' labels as
+/// args (thread name and id, CPU, slot, leader, phase at `phase_at`), and
+/// tracks for slots and leader windows.
 /// Written event by event: a busy node's session has hundreds of
 /// thousands of intervals, and a whole JSON tree of them took a gigabyte.
 pub fn write_trace(
@@ -222,10 +218,27 @@ pub fn write_trace(
     pid: u32,
     process: &str,
     timeline: &Timeline,
-    samples: &[(u64, StackKey)],
-    intervals: &IntervalStore,
+    agg: &crate::pipeline::aggregate::Aggregator,
+    phase_at: &dyn Fn(u64) -> Option<&'static str>,
 ) -> std::io::Result<()> {
+    let (samples, cpus, intervals) = (agg.samples(), agg.sample_cpus(), agg.intervals());
     let us = |ns: u64| ns as f64 / 1e3;
+    // The labels the pprof profiles have, as an event's args: its thread,
+    // and the slot (number, leader flag, phase) it started in.
+    let args = |ts: u64, k: &StackKey| {
+        let mut a = json!({
+            "thread_name": crate::kernel::events::comm_str(&k.comm),
+            "thread_id": k.tid,
+        });
+        if let Some(s) = timeline.slot_at(ts).map(|i| &timeline.slots()[i]) {
+            a["slot"] = json!(s.number);
+            a["leader"] = json!(s.leader);
+        }
+        if let Some(p) = phase_at(ts) {
+            a["phase"] = json!(p);
+        }
+        a
+    };
     // Pseudo-threads for the slot tracks, far from real tids.
     const SLOTS_TID: u64 = u32::MAX as u64 + 1;
     const WINDOWS_TID: u64 = SLOTS_TID + 1;
@@ -316,15 +329,19 @@ pub fn write_trace(
         written = event(
             w,
             json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.key.tid,
-            "ts": us(i.start_ns), "dur": dur}),
+            "ts": us(i.start_ns), "dur": dur, "args": args(i.start_ns, &i.key)}),
         );
     })?;
     written?;
-    for (ts, k) in samples {
+    for (n, (ts, k)) in samples.iter().enumerate() {
+        let mut a = args(*ts, k);
+        if let Some(cpu) = cpus.get(n) {
+            a["cpu"] = json!(cpu);
+        }
         event(
             w,
             json!({"ph": "i", "s": "t", "name": "on-CPU sample", "cat": "oncpu", "pid": pid,
-            "tid": k.tid, "ts": us(*ts)}),
+            "tid": k.tid, "ts": us(*ts), "args": a}),
         )?;
     }
     w.write_all(b"]}\n")

@@ -4,7 +4,10 @@
 //! timestamp); names are resolved once per distinct stack at the end, and
 //! shared between the whole-session profile and every slot's.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 /// Maps on the per-interval path (foldhash: seeded per process, cheaper than
 /// SipHash on small keys).
@@ -68,6 +71,8 @@ const LONGEST_KEPT: usize = 20;
 pub struct Aggregator {
     /// Every on-CPU sample: time and stack.
     sample_log: Vec<(u64, StackKey)>,
+    /// The CPU of each sample of `sample_log` (same index).
+    sample_cpus: Vec<u16>,
     /// Every off-CPU interval (off the heap past the newest 65,536).
     interval_log: IntervalStore,
     /// Every madvise call of the target.
@@ -98,14 +103,106 @@ pub struct Aggregator {
 pub use crate::kernel::probes::StackTable;
 
 /// The two flamegraph inputs and what was learnt while building them.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Profiles {
     /// Root frame is the thread name; values are samples.
     pub oncpu: Folded,
     /// Same shape; values are nanoseconds off-CPU.
     pub offcpu: Folded,
+    /// The same values by thread id and CPU (the folded text keeps the
+    /// thread's name only): what pprof's labels are made of.
+    pub rows: Vec<Row>,
     /// Median number of user frames in on-CPU samples that had a user stack.
     pub median_user_depth: Option<usize>,
+}
+
+/// A stack's on-CPU samples on one CPU, or its off-CPU time, for one
+/// thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// The folded stack (`thread;root;...;leaf`, as in the folded
+    /// profiles), shared by the rows of that stack.
+    pub stack: Arc<str>,
+    /// None where the profile was summed without thread ids (an hour's).
+    pub tid: Option<u32>,
+    /// On-CPU samples: the CPU they ran on.
+    pub cpu: Option<u16>,
+    pub samples: u64,
+    pub offcpu_ns: u64,
+    /// Where the stack's frames (after the thread) came from, root first;
+    /// None where only the names are known (an hour's profile).
+    pub locs: Option<Arc<[Loc]>>,
+}
+
+/// Where a run of a stack's frame names came from (root first, like the
+/// names): a user address in a file mapping gives one name, or several
+/// for inlined calls (outermost first); a kernel address, or a marker
+/// (`[user stack lost]`, the preemption marker), gives one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loc {
+    /// 0 for a marker.
+    pub address: u64,
+    /// The file mapping of a user address (None: kernel, anonymous or
+    /// pseudo mapping, marker).
+    pub module: Option<symbolizer::Module>,
+    /// How many names it gave.
+    pub names: u16,
+    /// The names came from symbols (not `[unknown] file+0x...`).
+    pub symbolized: bool,
+}
+
+impl Loc {
+    fn marker() -> Self {
+        Self {
+            address: 0,
+            module: None,
+            names: 1,
+            symbolized: true,
+        }
+    }
+}
+
+/// What tells a [`Row`] from the other rows of a profile: its stack,
+/// thread and CPU.
+pub type RowKey = (Arc<str>, Option<u32>, Option<u16>);
+
+impl Row {
+    pub fn key(&self) -> RowKey {
+        (self.stack.clone(), self.tid, self.cpu)
+    }
+}
+
+impl Profiles {
+    /// Profiles of folded stacks alone: a row per stack, with no thread id
+    /// or CPU.
+    pub fn from_folded(oncpu: Folded, offcpu: Folded) -> Self {
+        let row = |stack: &str, samples, offcpu_ns| Row {
+            stack: stack.into(),
+            tid: None,
+            cpu: None,
+            samples,
+            offcpu_ns,
+            locs: None,
+        };
+        let rows = oncpu
+            .iter()
+            .map(|(s, v)| row(s, v, 0))
+            .chain(offcpu.iter().map(|(s, v)| row(s, 0, v)))
+            .collect();
+        Self {
+            oncpu,
+            offcpu,
+            rows,
+            median_user_depth: None,
+        }
+    }
+
+    /// Adds `other`'s stacks.
+    pub fn merge(&mut self, other: &Profiles) {
+        self.oncpu.merge(&other.oncpu);
+        self.offcpu.merge(&other.offcpu);
+        self.rows.extend(other.rows.iter().cloned());
+    }
 }
 
 impl Aggregator {
@@ -187,6 +284,7 @@ impl Aggregator {
             kernel_stack_id: s.kernel_stack_id,
         };
         self.sample_log.push((s.ts_ns, key));
+        self.sample_cpus.push(s.cpu.min(u16::MAX as u32) as u16);
         self.samples += 1;
         self.thread(s.tid, &s.comm).samples += 1;
     }
@@ -321,9 +419,9 @@ impl Aggregator {
     /// Names every counted stack and builds the whole session's profiles.
     pub fn resolve(&self, stacks: &StackTable, sym: &mut Symbolizer) -> std::io::Result<Profiles> {
         let mut names = StackNamer::new(stacks, sym);
-        let mut on: FastMap<StackKey, u64> = FastMap::default();
-        for (_, key) in &self.sample_log {
-            *on.entry(*key).or_default() += 1;
+        let mut on: FastMap<(StackKey, u16), u64> = FastMap::default();
+        for ((_, key), &cpu) in self.sample_log.iter().zip(&self.sample_cpus) {
+            *on.entry((*key, cpu)).or_default() += 1;
         }
         let mut off: FastMap<(StackKey, bool), u64> = FastMap::default();
         self.interval_log.for_each(|i| {
@@ -366,11 +464,11 @@ impl Aggregator {
         for first in (0..slots.len()).step_by(SLOTS_PER_PASS) {
             let last = (first + SLOTS_PER_PASS).min(slots.len());
             let (lo, hi) = (slots[first].start_ns, slots[last - 1].end_ns);
-            let mut on: Vec<FastMap<StackKey, u64>> = vec![FastMap::default(); last - first];
+            let mut on: Vec<FastMap<(StackKey, u16), u64>> = vec![FastMap::default(); last - first];
             let mut off: Vec<FastMap<(StackKey, bool), u64>> = vec![FastMap::default(); last - first];
-            for (ts, key) in &self.sample_log {
+            for ((ts, key), &cpu) in self.sample_log.iter().zip(&self.sample_cpus) {
                 if let Some(i) = timeline.slot_at(*ts).filter(|i| (first..last).contains(i)) {
-                    *on[i - first].entry(*key).or_default() += 1;
+                    *on[i - first].entry((*key, cpu)).or_default() += 1;
                 }
             }
             self.interval_log.for_each(|iv| {
@@ -397,6 +495,11 @@ impl Aggregator {
     /// Every on-CPU sample: time and stack.
     pub fn samples(&self) -> &[(u64, StackKey)] {
         &self.sample_log
+    }
+
+    /// The CPU of each sample of [`Self::samples`] (same index).
+    pub fn sample_cpus(&self) -> &[u16] {
+        &self.sample_cpus
     }
 
     /// Every off-CPU interval.
@@ -450,10 +553,22 @@ fn describe_waker(task: Option<&(String, u32)>, context: i32) -> Option<String> 
 }
 
 /// Turns stack ids into frames, root first, caching each stack.
+/// A user or kernel part of a stack: its names, root first, and where they
+/// came from.
+type Part = (std::rc::Rc<[String]>, Arc<[Loc]>);
+
+/// A whole stack: what makes it (tgid, user and kernel stack ids, thread
+/// name, preempted), and its folded line with where its frames came from.
+type LineKey = (u32, i32, i32, [u8; COMM_LEN], bool);
+type Line = (Arc<str>, Arc<[Loc]>);
+
 pub struct StackNamer<'a> {
     stacks: &'a StackTable,
     sym: &'a mut Symbolizer,
-    cache: FastMap<(u32, i32, bool), std::rc::Rc<[String]>>,
+    cache: FastMap<(u32, i32, bool), Part>,
+    /// Whole folded stacks, and where their frames came from, by what they
+    /// are made of.
+    lines: FastMap<LineKey, Line>,
 }
 
 impl<'a> StackNamer<'a> {
@@ -462,69 +577,118 @@ impl<'a> StackNamer<'a> {
             stacks,
             sym,
             cache: FastMap::default(),
+            lines: FastMap::default(),
         }
     }
 
-    /// Folded on-CPU (samples) and off-CPU (ns) profiles from counts by stack.
-    fn profiles(&mut self, on: &FastMap<StackKey, u64>, off: &FastMap<(StackKey, bool), u64>) -> Profiles {
+    /// Folded on-CPU (samples) and off-CPU (ns) profiles, and their rows
+    /// by thread and CPU, from counts by stack (and CPU).
+    fn profiles(
+        &mut self,
+        on: &FastMap<(StackKey, u16), u64>,
+        off: &FastMap<(StackKey, bool), u64>,
+    ) -> Profiles {
         let mut oncpu = Folded::new();
+        let mut rows = Vec::with_capacity(on.len() + off.len());
         let mut depths = Vec::new();
-        for (key, &count) in on {
+        for ((key, cpu), &count) in on {
             if let Some(user) = self.stacks.get(&key.user_stack_id) {
                 depths.extend(std::iter::repeat_n(user.len(), count as usize));
             }
-            self.add_to(&mut oncpu, key, false, count);
+            let (stack, locs) = self.line(key, false);
+            oncpu.add_line(&*stack, count);
+            rows.push(Row {
+                stack,
+                tid: Some(key.tid),
+                cpu: Some(*cpu),
+                samples: count,
+                offcpu_ns: 0,
+                locs: Some(locs),
+            });
         }
         let mut offcpu = Folded::new();
         for ((key, preempted), &ns) in off {
-            self.add_to(&mut offcpu, key, *preempted, ns);
+            let (stack, locs) = self.line(key, *preempted);
+            offcpu.add_line(&*stack, ns);
+            rows.push(Row {
+                stack,
+                tid: Some(key.tid),
+                cpu: None,
+                samples: 0,
+                offcpu_ns: ns,
+                locs: Some(locs),
+            });
         }
+        // The same order whatever the maps' (pprof files compare equal).
+        rows.sort_unstable_by(|a, b| {
+            (&a.stack, a.tid, a.cpu, a.samples).cmp(&(&b.stack, b.tid, b.cpu, b.samples))
+        });
         depths.sort_unstable();
         Profiles {
             oncpu,
             offcpu,
+            rows,
             median_user_depth: depths.get(depths.len() / 2).copied(),
         }
     }
 
-    /// Adds `value` to `folded` at the stack of `key`: thread, user part,
-    /// kernel part (root first), and the preemption marker; names borrowed
-    /// from the cache, not copied.
-    fn add_to(&mut self, folded: &mut Folded, key: &StackKey, preempted: bool, value: u64) {
-        let user = self.shared_part(key.tgid, key.user_stack_id, false);
-        let kernel = self.shared_part(key.tgid, key.kernel_stack_id, true);
+    /// The folded stack of `key`: thread, user part, kernel part (root
+    /// first), and the preemption marker; and where its frames came from.
+    /// Joined once per distinct stack.
+    fn line(&mut self, key: &StackKey, preempted: bool) -> Line {
+        let id = (
+            key.tgid,
+            key.user_stack_id,
+            key.kernel_stack_id,
+            key.comm,
+            preempted,
+        );
+        if let Some(l) = self.lines.get(&id) {
+            return l.clone();
+        }
+        let (user, user_locs) = self.shared_part(key.tgid, key.user_stack_id, false);
+        let (kernel, kernel_locs) = self.shared_part(key.tgid, key.kernel_stack_id, true);
         let comm = comm_str(&key.comm);
         let frames = std::iter::once(comm.as_str())
             .chain(user.iter().map(String::as_str))
             .chain(kernel.iter().map(String::as_str))
             .chain(preempted.then_some("[preempted: waiting for a CPU]"));
-        folded.add(frames, value);
+        let line: Arc<str> = flamegraphs::fold(frames).into();
+        let locs: Arc<[Loc]> = user_locs
+            .iter()
+            .chain(kernel_locs.iter())
+            .cloned()
+            .chain(preempted.then(Loc::marker))
+            .collect();
+        self.lines.insert(id, (line.clone(), locs.clone()));
+        (line, locs)
     }
 
     /// The user or kernel part of a stack, root first.
     pub fn part(&mut self, tgid: u32, id: i32, kernel: bool) -> Vec<String> {
-        self.shared_part(tgid, id, kernel).to_vec()
+        self.shared_part(tgid, id, kernel).0.to_vec()
     }
 
-    /// [`Self::part`], shared with the cache.
-    fn shared_part(&mut self, tgid: u32, id: i32, kernel: bool) -> std::rc::Rc<[String]> {
+    /// [`Self::part`] and where its names came from, shared with the cache.
+    fn shared_part(&mut self, tgid: u32, id: i32, kernel: bool) -> Part {
         let cache_key = (if kernel { 0 } else { tgid }, id, kernel);
         if let Some(f) = self.cache.get(&cache_key) {
             return f.clone();
         }
         let side = if kernel { "kernel" } else { "user" };
-        let frames = if let Some(nr) = kernel.then(|| profiler_ebpf::syscall_wait_nr(id)).flatten() {
-            vec![syscall_wait_frame(nr)]
+        let (frames, locs) = if let Some(nr) = kernel.then(|| profiler_ebpf::syscall_wait_nr(id)).flatten() {
+            (vec![syscall_wait_frame(nr)], vec![Loc::marker()])
         } else if id < 0 {
             // -EFAULT etc. means "no stack of this kind" (a sample in user
             // mode has no kernel stack): nothing to show.
             if stack_lost(id) {
-                vec![format!("[{side} stack lost]")]
+                (vec![format!("[{side} stack lost]")], vec![Loc::marker()])
             } else {
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         } else if let Some(addrs) = self.stacks.get(&id) {
             let mut leaf_first = Vec::new();
+            let mut locs = Vec::new();
             for (i, &addr) in addrs.iter().enumerate() {
                 if !kernel && symbolizer::unwind::marker::is_marker(addr) {
                     // Why the unwound stack ends here.
@@ -535,6 +699,7 @@ impl<'a> StackNamer<'a> {
                         }
                         _ => name.to_string(),
                     });
+                    locs.push(Loc::marker());
                     continue;
                 }
                 let names = if kernel {
@@ -542,6 +707,13 @@ impl<'a> StackNamer<'a> {
                 } else {
                     self.sym.user_frame(tgid, addr, i > 0)
                 };
+                let module = (!kernel).then(|| self.sym.module_of(tgid, addr, i > 0)).flatten();
+                locs.push(Loc {
+                    address: module.as_ref().map_or(addr, |m| m.address),
+                    module,
+                    names: names.len().min(u16::MAX as usize) as u16,
+                    symbolized: !names.iter().any(|n| n.starts_with("[unknown]")),
+                });
                 leaf_first.extend(
                     names
                         .iter()
@@ -549,13 +721,14 @@ impl<'a> StackNamer<'a> {
                 );
             }
             leaf_first.reverse();
-            leaf_first
+            locs.reverse();
+            (leaf_first, locs)
         } else {
-            vec![format!("[{side} stack missing]")]
+            (vec![format!("[{side} stack missing]")], vec![Loc::marker()])
         };
-        let frames: std::rc::Rc<[String]> = frames.into();
-        self.cache.insert(cache_key, frames.clone());
-        frames
+        let parts = (std::rc::Rc::from(frames), Arc::from(locs));
+        self.cache.insert(cache_key, parts.clone());
+        parts
     }
 }
 

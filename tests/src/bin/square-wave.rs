@@ -4,7 +4,7 @@
 
 use std::{hint::black_box, time::Duration};
 
-use slotprof_tests::{monotonic_ns, name_thread, write_report, Flags};
+use slotprof_tests::{monotonic_ns, name_thread, pin_to_cpu, write_report, Flags};
 
 fn main() {
     let flags = Flags::from_env();
@@ -13,12 +13,7 @@ fn main() {
     let off = flags.secs("off", 2.0).as_nanos() as u64;
     let total = flags.secs("seconds", 25.0).as_nanos() as u64;
     name_thread("competitor");
-    // SAFETY: a zeroed cpu_set_t is a valid empty set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    pin_to_cpu(cpu);
     let start = monotonic_ns();
     let mut x = 1u64;
     let mut cycles = 0u64;

@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use slotprof_tests::{monotonic_ns, name_thread, run_delay_ns, write_report, Flags};
+use slotprof_tests::{monotonic_ns, name_thread, pin_to_cpu, run_delay_ns, write_report, Flags};
 
 // The hot thread's iteration is the main loop's of the other stall
 // programs (its lock helpers are not used here).
@@ -36,24 +36,11 @@ mod stall_loop;
 
 use stall_loop::stall_loop_iteration;
 
-fn pin(cpu: usize) {
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
-        eprintln!(
-            "stall-contention: cannot pin to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
-        std::process::exit(2);
-    }
-}
-
 /// The hog: real-time, on `cpu`, a burst of `burst` ns at 150 ms into every
 /// `every`-th slot from slot `first` until `end`; writes each burst to `out`.
 fn hog(cpu: usize, slot_ns: u64, first: u64, every: u64, burst: u64, end: u64, mut out: std::fs::File) {
     name_thread("hog");
-    pin(cpu);
+    pin_to_cpu(cpu);
     let param = libc::sched_param { sched_priority: 1 };
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
         eprintln!(
@@ -119,7 +106,7 @@ fn main() {
 
     let hot = std::thread::spawn(move || {
         name_thread("hot");
-        pin(cpu);
+        pin_to_cpu(cpu);
         let tid = unsafe { libc::gettid() } as u32;
         let mut delay: BTreeMap<u64, u64> = BTreeMap::new();
         let mut last = run_delay_ns();

@@ -20,7 +20,7 @@ use std::{
     thread,
 };
 
-use slotprof_tests::{name_thread, write_report, Flags};
+use slotprof_tests::{name_thread, pin_to_cpu, write_report, Flags};
 
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -47,15 +47,6 @@ struct Bank {
 struct PaddedBank {
     lock: Padded<RwLock<()>>,
     data: Padded<[AtomicU64; 4]>,
-}
-
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 #[inline(never)]
@@ -123,13 +114,13 @@ fn main() {
                     &c.a as *const _ as usize,
                     thread::spawn(move || {
                         name_thread("bump-a");
-                        pin(0);
+                        pin_to_cpu(0);
                         bump_a(&c.a, stop);
                         0
                     }),
                     thread::spawn(move || {
                         name_thread("bump-b");
-                        pin(1);
+                        pin_to_cpu(1);
                         bump_b(&c.b, stop);
                         0
                     }),
@@ -144,13 +135,13 @@ fn main() {
                     &c.a.0 as *const _ as usize,
                     thread::spawn(move || {
                         name_thread("bump-a");
-                        pin(0);
+                        pin_to_cpu(0);
                         bump_a(&c.a.0, stop);
                         0
                     }),
                     thread::spawn(move || {
                         name_thread("bump-b");
-                        pin(1);
+                        pin_to_cpu(1);
                         bump_b(&c.b.0, stop);
                         0
                     }),
@@ -165,12 +156,12 @@ fn main() {
                     &b.lock as *const _ as usize,
                     thread::spawn(move || {
                         name_thread("scheduler");
-                        pin(0);
+                        pin_to_cpu(0);
                         check_bank(&b.lock, stop)
                     }),
                     thread::spawn(move || {
                         name_thread("replay");
-                        pin(1);
+                        pin_to_cpu(1);
                         replay_reads(&b.data, stop)
                     }),
                 )
@@ -184,12 +175,12 @@ fn main() {
                     &b.lock.0 as *const _ as usize,
                     thread::spawn(move || {
                         name_thread("scheduler");
-                        pin(0);
+                        pin_to_cpu(0);
                         check_bank(&b.lock.0, stop)
                     }),
                     thread::spawn(move || {
                         name_thread("replay");
-                        pin(1);
+                        pin_to_cpu(1);
                         replay_reads(&b.data.0, stop)
                     }),
                 )

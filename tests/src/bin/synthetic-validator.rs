@@ -16,6 +16,7 @@
 //!   30): in every K-th slot (slot number % K == K - 1) the bank loop waits
 //!   M ms for a mutex that a `bank-lock-holder` thread holds (a real
 //!   futex wait: LockContention's ground truth, listed in the report).
+//! `--cpu N`: every thread on CPU N.
 //!
 //! Each slot starts with a call to `synthetic_validator_start_slot(slot)`,
 //! an exported, never-inlined function: the place a uprobe slot source
@@ -24,7 +25,7 @@
 use std::{hint::black_box, time::Duration};
 
 use slotprof_tests::{
-    monotonic_ns, name_thread,
+    monotonic_ns, name_thread, pin_to_cpu,
     rpc_fixture::{ChainConfig, RpcFixture},
     write_report, Flags,
 };
@@ -102,6 +103,10 @@ fn main() {
         RpcFixture::start(p.parse().expect("--rpc-port"), chain, first.saturating_sub(1))
             .expect("start the RPC fixture")
     });
+    if let Some(cpu) = flags.get("cpu") {
+        // Every thread on one CPU: the profiles' cpu label is known.
+        pin_to_cpu(cpu.parse().expect("--cpu N"));
+    }
     let stall_every = flags.num("lock-stall-every", 0.0) as u64;
     let stall = Duration::from_secs_f64(flags.num("lock-stall-ms", 30.0) / 1e3);
     let bank = std::sync::Arc::new(std::sync::Mutex::new(0u64));

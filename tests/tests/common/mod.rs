@@ -631,3 +631,63 @@ pub fn perf_script(perf: &Path, data: &Path) -> Vec<PerfSample> {
     }
     samples
 }
+
+/// `go tool pprof` (Go from the system's packages), or None.
+pub fn go_binary() -> Option<std::path::PathBuf> {
+    ["/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// google/pprof, the reference pprof with a local symbolizer that reads
+/// build IDs and ELF segments (`cargo xtask test` builds it from Debian's
+/// source package into `.tools/bin/pprof`), or None.
+pub fn google_pprof() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/pprof");
+    p.exists().then_some(p)
+}
+
+/// `go tool pprof ARGS`: its stdout, or a panic with its stderr.
+pub fn go_pprof(go: &Path, args: &[&str]) -> String {
+    go_pprof_with(go, args, &[])
+}
+
+/// [`go_pprof`] with extra environment variables.
+pub fn go_pprof_with(go: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    // `go` runs its bundled pprof; google/pprof is run as itself.
+    let tool: &[&str] = if go.ends_with("pprof") {
+        &[]
+    } else {
+        &["tool", "pprof"]
+    };
+    let o = std::process::Command::new(go)
+        .args(tool)
+        .args(args)
+        // Go's tools want a writable home for their cache.
+        .env("HOME", std::env::temp_dir())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "go tool pprof {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Each sample type's total in a pprof file, by its type name.
+pub fn pprof_totals(path: &Path) -> std::collections::BTreeMap<String, i64> {
+    let p = flamegraphs::pprof::decode_gzip(&std::fs::read(path).unwrap()).unwrap();
+    p.sample_type
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                p.string_table[t.ty as usize].clone(),
+                p.sample.iter().map(|s| s.value[i]).sum(),
+            )
+        })
+        .collect()
+}
