@@ -112,7 +112,7 @@ pub struct Builder {
     mappings: Vec<Mapping>,
     mapping_of: HashMap<MappingInfo, u64>,
     functions: Vec<Function>,
-    function_of: HashMap<(String, String), u64>,
+    function_of: HashMap<(i64, i64), u64>,
     locations: Vec<Location>,
     location_of: HashMap<Frame, u64>,
     /// Frames known only by name (folded stacks), found without building
@@ -236,12 +236,12 @@ impl Builder {
     }
 
     fn function(&mut self, name: &str, file: &str) -> u64 {
-        if let Some(&id) = self.function_of.get(&(name.to_string(), file.to_string())) {
+        // By the strings' ids: the names are kept once, in the table.
+        let (n, filename) = (self.strings.id(name), self.strings.id(file));
+        if let Some(&id) = self.function_of.get(&(n, filename)) {
             return id;
         }
         let id = self.functions.len() as u64 + 1;
-        let n = self.strings.id(name);
-        let filename = self.strings.id(file);
         self.functions.push(Function {
             id,
             name: n,
@@ -249,7 +249,7 @@ impl Builder {
             filename,
             start_line: 0,
         });
-        self.function_of.insert((name.to_string(), file.to_string()), id);
+        self.function_of.insert((n, filename), id);
         id
     }
 
@@ -265,7 +265,7 @@ impl Builder {
         if let Some(&id) = self.address_of.get(&(mapping, address)) {
             return id;
         }
-        let id = self.location(&Frame {
+        let id = self.push_location(&Frame {
             address,
             mapping: Some(mapping),
             lines: lines(),
@@ -279,6 +279,13 @@ impl Builder {
         if let Some(&id) = self.location_of.get(frame) {
             return id;
         }
+        let id = self.push_location(frame);
+        self.location_of.insert(frame.clone(), id);
+        id
+    }
+
+    /// Adds a location (not interned: the callers' maps find it again).
+    fn push_location(&mut self, frame: &Frame) -> u64 {
         if let Some(m) = frame.mapping.filter(|_| !frame.lines.is_empty()) {
             if let Some(m) = self.mappings.get_mut(m as usize - 1) {
                 m.has_functions = true;
@@ -301,7 +308,6 @@ impl Builder {
             line,
             is_folded: false,
         });
-        self.location_of.insert(frame.clone(), id);
         id
     }
 
@@ -310,7 +316,7 @@ impl Builder {
         if let Some(&id) = self.named.get(name) {
             return id;
         }
-        let id = self.location(&Frame {
+        let id = self.push_location(&Frame {
             address: 0,
             mapping: None,
             lines: vec![FrameLine {

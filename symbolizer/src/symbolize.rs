@@ -78,9 +78,6 @@ pub struct Module {
     pub path: Arc<str>,
     /// Hex, empty if the file has none.
     pub build_id: Arc<str>,
-    /// The address looked up: a return address minus one (inside the
-    /// call), as symbolizers expect it.
-    pub address: u64,
 }
 
 /// The GNU build ID of an ELF file, as hex: read through
@@ -88,12 +85,27 @@ pub struct Module {
 /// or in another mount namespace) while the process lives, else from its
 /// path.
 fn read_build_id(path: &std::path::Path, pid: u32, start: u64, end: u64) -> Option<String> {
-    use object::Object;
+    use object::read::elf::{FileHeader, ProgramHeader};
+    // The ELF header, the program headers and the note segments only (a
+    // whole-file parse reads the symbol table: hundreds of MB of a
+    // validator's, for 20 bytes).
     let open = |p: &std::path::Path| -> Option<String> {
         let data = crate::functions::read_cache(p).ok()?;
-        let file = object::File::parse(&data).ok()?;
-        let id = file.build_id().ok()??;
-        Some(id.iter().map(|b| format!("{b:02x}")).collect())
+        let header = object::elf::FileHeader64::<object::Endianness>::parse(&data).ok()?;
+        let endian = header.endian().ok()?;
+        for segment in header.program_headers(endian, &data).ok()? {
+            let Ok(Some(mut notes)) = segment.notes(endian, &data) else {
+                continue;
+            };
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == object::elf::ELF_NOTE_GNU
+                    && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
+                {
+                    return Some(note.desc().iter().map(|b| format!("{b:02x}")).collect());
+                }
+            }
+        }
+        None
     };
     open(std::path::Path::new(&format!(
         "/proc/{pid}/map_files/{start:x}-{end:x}"
@@ -125,6 +137,8 @@ pub struct Symbolizer {
     /// Build IDs by file (hex; empty where the file has none or cannot be
     /// read).
     build_ids: HashMap<PathBuf, Arc<str>>,
+    /// Modules by (pid, mapping start), shared by their frames.
+    modules: HashMap<(u32, u64), Arc<Module>>,
     /// Our copy of the vDSO image, made on first need: an anonymous memory
     /// file (never a name in a shared directory), read through its
     /// `/proc/self/fd` path, gone when the symbolizer is dropped.
@@ -147,6 +161,7 @@ impl Symbolizer {
             user_cache: Bounded::new(CACHE_GENERATION),
             kernel_cache: Bounded::new(CACHE_GENERATION),
             build_ids: HashMap::new(),
+            modules: HashMap::new(),
             vdso: None,
         }
     }
@@ -231,17 +246,30 @@ impl Symbolizer {
     }
 
     /// The file mapping holding a user address of `pid`, with its file's
-    /// build ID, and the address looked up (one byte back for a return
-    /// address): what a pprof profile's Mapping and Location carry, for
-    /// symbolizing after the fact. None for anonymous memory (JIT code),
-    /// the vDSO and other pseudo mappings.
-    pub fn module_of(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Option<Module> {
+    /// build ID, and the address to look up (one byte back for a return
+    /// address, inside the call): what a pprof profile's Mapping and
+    /// Location carry, for symbolizing after the fact. None for anonymous
+    /// memory (JIT code), the vDSO and other pseudo mappings.
+    pub fn module_of(&mut self, pid: u32, addr: u64, is_return_address: bool) -> Option<(Arc<Module>, u64)> {
         if addr == URETPROBE_TRAMPOLINE {
             return None;
         }
         let (m, _) = self.locate(pid, addr, is_return_address)?;
         let path = m.path.clone()?;
         let (start, end, file_offset) = (m.start, m.end, m.file_offset);
+        let address = if is_return_address {
+            addr.saturating_sub(1)
+        } else {
+            addr
+        };
+        // One shared Module per mapping (a validator's stacks hold
+        // millions of frames in a few dozen mappings).
+        if let Some(known) = self.modules.get(&(pid, start)) {
+            if known.end == end && known.file_offset == file_offset && *known.path == *path.to_string_lossy()
+            {
+                return Some((known.clone(), address));
+            }
+        }
         let build_id = match self.build_ids.get(&path) {
             Some(id) => id.clone(),
             None => {
@@ -250,18 +278,15 @@ impl Symbolizer {
                 id
             }
         };
-        Some(Module {
+        let module = Arc::new(Module {
             start,
             end,
             file_offset,
             path: path.to_string_lossy().into(),
             build_id,
-            address: if is_return_address {
-                addr.saturating_sub(1)
-            } else {
-                addr
-            },
-        })
+        });
+        self.modules.insert((pid, start), module.clone());
+        Some((module, address))
     }
 
     /// `module+0xoffset` (file offset) of a user address of `pid`.
@@ -464,6 +489,22 @@ pub fn without_parameters(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_id_from_the_note_segments_is_the_whole_files() {
+        use object::Object;
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let whole = object::File::parse(&bytes[..]).unwrap().build_id().unwrap();
+        let hex = whole.map(|id| id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        // By path (the process's own map_files entry does not exist for a
+        // range of 0..0).
+        assert_eq!(read_build_id(&exe, std::process::id(), 0, 0), hex);
+        assert!(
+            hex.is_some_and(|h| h.len() >= 16),
+            "test binaries are linked with a build ID"
+        );
+    }
 
     #[test]
     fn vdso_functions_are_named_from_a_copy_that_has_no_name_on_disk() {

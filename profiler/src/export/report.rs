@@ -518,7 +518,7 @@ fn located(b: &mut pprof::Builder, r: &Row) -> Option<Vec<u64>> {
     if locs.iter().map(|l| l.names as usize).sum::<usize>() != names.len() {
         return None;
     }
-    let mut ids = Vec::with_capacity(locs.len());
+    let mut ids = Vec::with_capacity(names.len());
     let mut at = 0;
     for l in locs.iter() {
         let run = &names[at..at + l.names as usize];

@@ -131,7 +131,27 @@ pub struct Row {
     pub offcpu_ns: u64,
     /// Where the stack's frames (after the thread) came from, root first;
     /// None where only the names are known (an hour's profile).
-    pub locs: Option<Arc<[Loc]>>,
+    pub locs: Option<RowLocs>,
+}
+
+/// Where a row's frames came from: its user part's, its kernel part's
+/// (each shared with every stack that has it), and the preemption marker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowLocs {
+    pub user: Arc<[Loc]>,
+    pub kernel: Arc<[Loc]>,
+    pub preempted: bool,
+}
+
+impl RowLocs {
+    /// Every frame's, root first.
+    pub fn iter(&self) -> impl Iterator<Item = &Loc> {
+        static MARKER: Loc = Loc::marker();
+        self.user
+            .iter()
+            .chain(self.kernel.iter())
+            .chain(self.preempted.then_some(&MARKER))
+    }
 }
 
 /// Where a run of a stack's frame names came from (root first, like the
@@ -144,7 +164,7 @@ pub struct Loc {
     pub address: u64,
     /// The file mapping of a user address (None: kernel, anonymous or
     /// pseudo mapping, marker).
-    pub module: Option<symbolizer::Module>,
+    pub module: Option<Arc<symbolizer::Module>>,
     /// How many names it gave.
     pub names: u16,
     /// The names came from symbols (not `[unknown] file+0x...`).
@@ -152,7 +172,7 @@ pub struct Loc {
 }
 
 impl Loc {
-    fn marker() -> Self {
+    const fn marker() -> Self {
         Self {
             address: 0,
             module: None,
@@ -560,7 +580,7 @@ type Part = (std::rc::Rc<[String]>, Arc<[Loc]>);
 /// A whole stack: what makes it (tgid, user and kernel stack ids, thread
 /// name, preempted), and its folded line with where its frames came from.
 type LineKey = (u32, i32, i32, [u8; COMM_LEN], bool);
-type Line = (Arc<str>, Arc<[Loc]>);
+type Line = (Arc<str>, RowLocs);
 
 pub struct StackNamer<'a> {
     stacks: &'a StackTable,
@@ -654,12 +674,11 @@ impl<'a> StackNamer<'a> {
             .chain(kernel.iter().map(String::as_str))
             .chain(preempted.then_some("[preempted: waiting for a CPU]"));
         let line: Arc<str> = flamegraphs::fold(frames).into();
-        let locs: Arc<[Loc]> = user_locs
-            .iter()
-            .chain(kernel_locs.iter())
-            .cloned()
-            .chain(preempted.then(Loc::marker))
-            .collect();
+        let locs = RowLocs {
+            user: user_locs,
+            kernel: kernel_locs,
+            preempted,
+        };
         self.lines.insert(id, (line.clone(), locs.clone()));
         (line, locs)
     }
@@ -707,9 +726,13 @@ impl<'a> StackNamer<'a> {
                 } else {
                     self.sym.user_frame(tgid, addr, i > 0)
                 };
-                let module = (!kernel).then(|| self.sym.module_of(tgid, addr, i > 0)).flatten();
+                let (module, address) =
+                    match (!kernel).then(|| self.sym.module_of(tgid, addr, i > 0)).flatten() {
+                        Some((m, a)) => (Some(m), a),
+                        None => (None, addr),
+                    };
                 locs.push(Loc {
-                    address: module.as_ref().map_or(addr, |m| m.address),
+                    address,
                     module,
                     names: names.len().min(u16::MAX as usize) as u16,
                     symbolized: !names.iter().any(|n| n.starts_with("[unknown]")),
