@@ -370,8 +370,9 @@ fn uprobe_slots_take_numbers_and_leaders_from_rpc() {
 /// equal slot N's own profile's); the session's totals equal its folded
 /// files' (the samples outside every slot are there, unlabelled);
 /// `-tagfocus thread_id=PID` selects the main thread's samples (the
-/// folded profiles' `bank-loop` root), and with the program pinned to one
-/// CPU, `-tagfocus cpu=N` selects every on-CPU sample.
+/// folded profiles' `bank-loop` root) and none of the other thread's, and
+/// with the program pinned to one CPU, `-tagfocus cpu=N` selects every
+/// sample of its threads; trace.json's events carry the same labels.
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn go_tool_pprof_reads_every_profile_and_its_labels_select_a_slot_a_thread_and_a_cpu() {

@@ -1165,3 +1165,72 @@ fn show_progress(elapsed: Duration, total: Option<Duration>, agg: &Aggregator, l
     );
     let _ = std::io::stderr().flush();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(stack: &str, tid: u32, cpu: Option<u16>, samples: u64, offcpu_ns: u64) -> Row {
+        Row {
+            stack: stack.into(),
+            tid: Some(tid),
+            cpu,
+            samples,
+            offcpu_ns,
+            locs: None,
+        }
+    }
+
+    fn profiles(rows: Vec<Row>) -> Profiles {
+        Profiles {
+            rows,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_sessions_pprof_labels_its_slots_samples_and_keeps_the_rest_unlabelled() {
+        let whole = profiles(vec![
+            row("t;main;hot", 7, Some(1), 10, 0),
+            row("t;main;wait", 7, None, 0, 100),
+            row("u;run", 8, Some(0), 2, 0),
+        ]);
+        let period = 10_000_000;
+        let mut s = SlotLabelled::new(&whole, period);
+        let slot = |n| report::SlotLabels {
+            slot: n,
+            leader: n == 0,
+            phase: None,
+        };
+        s.slot(
+            &profiles(vec![
+                row("t;main;hot", 7, Some(1), 4, 0),
+                row("t;main;wait", 7, None, 0, 60),
+            ]),
+            &slot(0),
+        );
+        s.slot(&profiles(vec![row("t;main;hot", 7, Some(1), 3, 0)]), &slot(1));
+        let p = s.finish().finish(&ProfileMeta::default()).unwrap();
+        let label = |smp: &flamegraphs::pprof::Sample, key: &str| {
+            smp.label
+                .iter()
+                .find(|l| p.string_table[l.key as usize] == key)
+                .map(|l| l.num)
+        };
+        // Per slot label (None: outside every slot): (samples, cpu ns, off-CPU ns).
+        let mut by: std::collections::BTreeMap<Option<i64>, (i64, i64, i64)> = Default::default();
+        for smp in &p.sample {
+            let e = by.entry(label(smp, "slot")).or_default();
+            e.0 += smp.value[0];
+            e.1 += smp.value[1];
+            e.2 += smp.value[2];
+            assert!(label(smp, "thread_id").is_some());
+        }
+        assert_eq!(by[&Some(0)], (4, 4 * period, 60));
+        assert_eq!(by[&Some(1)], (3, 3 * period, 0));
+        // What the slots did not take: 3 + 2 samples, 40 ns.
+        assert_eq!(by[&None], (5, 5 * period, 40));
+        let total = by.values().fold((0, 0), |a, v| (a.0 + v.0, a.1 + v.2));
+        assert_eq!(total, (12, 100), "the whole session's");
+    }
+}
