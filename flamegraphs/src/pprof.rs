@@ -368,21 +368,37 @@ impl Builder {
     /// with no frame past its thread keeps one, `[no stack]`, so that tools
     /// which show only stacks count it.
     pub fn folded_sample(&mut self, stack: &str, value: Vec<i64>, labels: &[(&str, LabelValue)]) {
-        let mut frames = stack.split(';');
-        let thread = frames.next().unwrap_or_default();
-        let mut location_id: Vec<u64> = frames.rev().map(|f| self.named_location(f)).collect();
-        if location_id.is_empty() {
-            location_id.push(self.named_location("[no stack]"));
-        }
+        let location_id = self.folded_locations(stack);
+        self.thread_sample(stack, location_id, value, labels);
+    }
+
+    /// A sample of the stack `folded` (`thread;root;...;leaf`) at
+    /// `location_id`: the thread is its first label, `thread_name`.
+    pub fn thread_sample(
+        &mut self,
+        folded: &str,
+        location_id: Vec<u64>,
+        value: Vec<i64>,
+        labels: &[(&str, LabelValue)],
+    ) {
+        let thread = folded.split(';').next().unwrap_or_default();
         let mut all = Vec::with_capacity(labels.len() + 1);
         all.push(("thread_name", LabelValue::Str(thread.to_string())));
         all.extend(labels.iter().cloned());
         self.sample(location_id, value, &all);
     }
 
-    /// Samples added so far.
-    pub fn samples(&self) -> usize {
-        self.samples.count
+    /// The named locations of a folded stack's frames past its thread,
+    /// leaf first; a stack with no frame keeps one, `[no stack]`, so that
+    /// tools which show only stacks count it.
+    pub fn folded_locations(&mut self, folded: &str) -> Vec<u64> {
+        let mut frames = folded.split(';');
+        frames.next();
+        let mut location_id: Vec<u64> = frames.rev().map(|f| self.named_location(f)).collect();
+        if location_id.is_empty() {
+            location_id.push(self.named_location("[no stack]"));
+        }
+        location_id
     }
 
     /// Writes the gzipped profile, with `meta`'s time, duration, period
@@ -461,25 +477,7 @@ pub fn add_part(b: &mut Builder, part: &Part<'_>) {
     }
 }
 
-/// One profile of `parts` (see [`add_part`]).
-pub fn build_parts(types: &[SampleType], parts: &[Part<'_>], meta: &ProfileMeta) -> std::io::Result<Profile> {
-    let mut b = Builder::new(types);
-    for part in parts {
-        debug_assert_eq!(part.columns.len(), types.len());
-        add_part(&mut b, part);
-    }
-    b.finish(meta)
-}
-
-/// The gzipped protobuf encoding of a profile, as pprof tools expect it.
-pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
-    let raw = profile.encode_to_vec();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&raw)?;
-    gz.finish()
-}
-
-/// A profile from its gzipped encoding (what [`encode_gzip`] wrote).
+/// A profile from its gzipped encoding (what [`Builder::write_gzip`] wrote).
 pub fn decode_gzip(bytes: &[u8]) -> std::io::Result<Profile> {
     use std::io::Read;
     let mut raw = Vec::new();
@@ -500,19 +498,19 @@ mod tests {
         let mut off = Folded::new();
         off.add(["t", "main", "sleep"], 5_000_000);
         off.add(["t", "main"], 10);
-        let p = build_parts(
-            &[
-                SampleType::new("samples", "count"),
-                SampleType::new("offcpu", "nanoseconds"),
-            ],
-            &[Part {
+        let types = [
+            SampleType::new("samples", "count"),
+            SampleType::new("offcpu", "nanoseconds"),
+        ];
+        let mut b = Builder::new(&types);
+        add_part(
+            &mut b,
+            &Part {
                 columns: vec![(&on, 1), (&off, 1)],
                 labels: Vec::new(),
-            }],
-            &ProfileMeta::default(),
-        )
-        .unwrap();
-        let bytes = encode_gzip(&p).unwrap();
+            },
+        );
+        let bytes = b.gzip(&ProfileMeta::default()).unwrap();
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&bytes[..])
             .read_to_end(&mut raw)
@@ -618,7 +616,7 @@ mod tests {
             );
         }
         assert!(b.samples.file.is_some(), "spilled");
-        assert_eq!(b.samples(), 1000);
+        assert_eq!(b.samples.count, 1000);
         let p = b.finish(&ProfileMeta::default()).unwrap();
         assert_eq!(p.sample.len(), 1000);
         assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 999 * 1000 / 2);

@@ -255,7 +255,6 @@ impl Symbolizer {
             return None;
         }
         let (m, _) = self.locate(pid, addr, is_return_address)?;
-        let path = m.path.clone()?;
         let (start, end, file_offset) = (m.start, m.end, m.file_offset);
         let address = if is_return_address {
             addr.saturating_sub(1)
@@ -265,11 +264,16 @@ impl Symbolizer {
         // One shared Module per mapping (a validator's stacks hold
         // millions of frames in a few dozen mappings).
         if let Some(known) = self.modules.get(&(pid, start)) {
-            if known.end == end && known.file_offset == file_offset && *known.path == *path.to_string_lossy()
+            if known.end == end
+                && known.file_offset == file_offset
+                && m.path
+                    .as_deref()
+                    .is_some_and(|p| *known.path == *p.to_string_lossy())
             {
                 return Some((known.clone(), address));
             }
         }
+        let path = m.path.clone()?;
         let build_id = match self.build_ids.get(&path) {
             Some(id) => id.clone(),
             None => {

@@ -1012,7 +1012,8 @@ impl<'a> SlotLabelled<'a> {
             .rows
             .iter()
             .filter_map(|r| {
-                // Each key once (the whole session's rows are distinct).
+                // Each key once (rows of one key, e.g. two stacks that
+                // name alike, were summed into it).
                 let (samples, offcpu_ns) = self.left.remove(&r.key())?;
                 (samples > 0 || offcpu_ns > 0).then(|| Row {
                     samples,

@@ -580,7 +580,11 @@ impl Exporter {
         let fresh = !dir.exists();
         // Summed by stack over the hour: no thread ids or CPUs (the slots'
         // and windows' profiles have them).
-        let p = Profiles::from_folded(h.oncpu.to_folded(), h.offcpu.to_folded());
+        let p = Profiles {
+            oncpu: h.oncpu.to_folded(),
+            offcpu: h.offcpu.to_folded(),
+            ..Default::default()
+        };
         // The hour's own time, not the process's.
         let mut meta = meta.clone();
         let mono_to_unix = self.mono_to_unix;

@@ -495,14 +495,8 @@ pub fn add_rows<'r>(
             samples.saturating_mul(period_ns),
             r.offcpu_ns.min(i64::MAX as u64) as i64,
         ];
-        match located(b, r) {
-            Some(location_id) => {
-                let thread = r.stack.split(';').next().unwrap_or_default();
-                all.insert(0, ("thread_name", pprof::LabelValue::Str(thread.to_string())));
-                b.sample(location_id, value, &all);
-            }
-            None => b.folded_sample(&r.stack, value, &all),
-        }
+        let location_id = located(b, r).unwrap_or_else(|| b.folded_locations(&r.stack));
+        b.thread_sample(&r.stack, location_id, value, &all);
     }
 }
 
@@ -520,6 +514,16 @@ fn located(b: &mut pprof::Builder, r: &Row) -> Option<Vec<u64>> {
     }
     let mut ids = Vec::with_capacity(names.len());
     let mut at = 0;
+    // A run's functions, innermost (its last name) first.
+    let lines = |run: &[&str]| -> Vec<pprof::FrameLine> {
+        run.iter()
+            .rev()
+            .map(|n| pprof::FrameLine {
+                function: n.to_string(),
+                ..Default::default()
+            })
+            .collect()
+    };
     for l in locs.iter() {
         let run = &names[at..at + l.names as usize];
         at += l.names as usize;
@@ -533,38 +537,25 @@ fn located(b: &mut pprof::Builder, r: &Row) -> Option<Vec<u64>> {
                     build_id: m.build_id.to_string(),
                 });
                 b.address_location(mapping, l.address, || {
-                    if !l.symbolized {
-                        return Vec::new();
+                    if l.symbolized {
+                        lines(run)
+                    } else {
+                        Vec::new()
                     }
-                    // Innermost (the run's last) first.
-                    run.iter()
-                        .rev()
-                        .map(|n| pprof::FrameLine {
-                            function: n.to_string(),
-                            ..Default::default()
-                        })
-                        .collect()
                 })
             }
             None if run.len() == 1 => b.named_location(run[0]),
             None => b.location(&pprof::Frame {
                 address: 0,
                 mapping: None,
-                lines: run
-                    .iter()
-                    .rev()
-                    .map(|n| pprof::FrameLine {
-                        function: n.to_string(),
-                        ..Default::default()
-                    })
-                    .collect(),
+                lines: lines(run),
             }),
         };
         ids.push(id);
     }
     ids.reverse();
     if ids.is_empty() {
-        ids.push(b.named_location("[no stack]"));
+        ids = b.folded_locations("");
     }
     Some(ids)
 }
@@ -575,6 +566,15 @@ pub fn pprof_profile(p: &Profiles, parts: Parts<'_>, meta: &ProfileMeta) -> ppro
     let mut b = pprof::Builder::new(&pprof_types());
     let period = meta.period.max(0);
     match parts {
+        // Summed by stack alone (an hour's): its folded stacks, by thread
+        // name only.
+        Parts::Whole if p.rows.is_empty() => pprof::add_part(
+            &mut b,
+            &pprof::Part {
+                columns: vec![(&p.oncpu, 1), (&p.oncpu, period), (&p.offcpu, 1)],
+                labels: Vec::new(),
+            },
+        ),
         Parts::Whole => add_rows(&mut b, &p.rows, period, &[]),
         Parts::Slot(l) => add_rows(&mut b, &p.rows, period, &l.labels()),
         Parts::Window(slots) => {

@@ -110,7 +110,8 @@ pub struct Profiles {
     /// Same shape; values are nanoseconds off-CPU.
     pub offcpu: Folded,
     /// The same values by thread id and CPU (the folded text keeps the
-    /// thread's name only): what pprof's labels are made of.
+    /// thread's name only): what pprof's labels are made of. Empty where
+    /// the profile was summed by stack alone (an hour's).
     pub rows: Vec<Row>,
     /// Median number of user frames in on-CPU samples that had a user stack.
     pub median_user_depth: Option<usize>,
@@ -123,14 +124,14 @@ pub struct Row {
     /// The folded stack (`thread;root;...;leaf`, as in the folded
     /// profiles), shared by the rows of that stack.
     pub stack: Arc<str>,
-    /// None where the profile was summed without thread ids (an hour's).
+    /// None where the thread is not known by id.
     pub tid: Option<u32>,
     /// On-CPU samples: the CPU they ran on.
     pub cpu: Option<u16>,
     pub samples: u64,
     pub offcpu_ns: u64,
     /// Where the stack's frames (after the thread) came from, root first;
-    /// None where only the names are known (an hour's profile).
+    /// None where only the names are known.
     pub locs: Option<RowLocs>,
 }
 
@@ -193,30 +194,6 @@ impl Row {
 }
 
 impl Profiles {
-    /// Profiles of folded stacks alone: a row per stack, with no thread id
-    /// or CPU.
-    pub fn from_folded(oncpu: Folded, offcpu: Folded) -> Self {
-        let row = |stack: &str, samples, offcpu_ns| Row {
-            stack: stack.into(),
-            tid: None,
-            cpu: None,
-            samples,
-            offcpu_ns,
-            locs: None,
-        };
-        let rows = oncpu
-            .iter()
-            .map(|(s, v)| row(s, v, 0))
-            .chain(offcpu.iter().map(|(s, v)| row(s, 0, v)))
-            .collect();
-        Self {
-            oncpu,
-            offcpu,
-            rows,
-            median_user_depth: None,
-        }
-    }
-
     /// Adds `other`'s stacks.
     pub fn merge(&mut self, other: &Profiles) {
         self.oncpu.merge(&other.oncpu);
