@@ -7,6 +7,7 @@
 //! renderer returns bytes; writing them is the caller's business.
 
 mod folded;
+pub mod otlp;
 pub mod pprof;
 pub mod svg;
 

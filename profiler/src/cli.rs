@@ -156,6 +156,8 @@ pub struct ProfileArgs {
     pub detectors: DetectorArgs,
     #[command(flatten)]
     pub phase: PhaseArgs,
+    #[command(flatten)]
+    pub push: PushArgs,
     /// Leave out the detectors' probes (madvise, futex, TLB flushes, IPIs,
     /// page faults): on-CPU and off-CPU profiles only.
     #[arg(long)]
@@ -173,6 +175,70 @@ pub struct ProfileArgs {
     /// record-fixtures` makes the committed ones).
     #[arg(long, value_name = "DIR", hide = true)]
     pub save_replay: Option<PathBuf>,
+}
+
+/// Pushing the slots' profiles to a profiling backend when the session
+/// ends (needs --slot-source); `slotprof run` reads `[push]` in its
+/// configuration instead.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// Push to Grafana Pyroscope (or Alloy's pyroscope.receive_http):
+    /// its base URL, e.g. http://127.0.0.1:4040 (POST /ingest, pprof).
+    #[arg(long, value_name = "URL", help_heading = "Push")]
+    pub push_pyroscope: Option<String>,
+    /// Push OTLP profiles over HTTP, e.g. http://127.0.0.1:4318 (a URL
+    /// without a path gets /v1development/profiles).
+    #[arg(long, value_name = "URL", help_heading = "Push")]
+    pub push_otlp: Option<String>,
+    /// The application (service) name (default: the target's process name).
+    #[arg(long, value_name = "NAME", help_heading = "Push")]
+    pub push_application: Option<String>,
+    /// A series label / resource attribute KEY=VALUE (repeatable).
+    #[arg(long = "push-label", value_name = "KEY=VALUE", help_heading = "Push")]
+    pub push_labels: Vec<String>,
+    /// Each pushed profile spans this much slot time.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION", help_heading = "Push")]
+    pub push_every: Duration,
+    /// Wait this long for a receiver when the session ends (and for each request).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION", help_heading = "Push")]
+    pub push_timeout: Duration,
+}
+
+impl PushArgs {
+    pub fn config(&self) -> anyhow::Result<crate::spec::PushConfig> {
+        use crate::spec::{parse_url, PushConfig};
+        let labels = self
+            .push_labels
+            .iter()
+            .map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--push-label {l:?}: give KEY=VALUE, e.g. cluster=mainnet")
+                    })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let c = PushConfig {
+            pyroscope: self
+                .push_pyroscope
+                .as_deref()
+                .map(|u| parse_url("--push-pyroscope", u))
+                .transpose()?,
+            otlp: self
+                .push_otlp
+                .as_deref()
+                .map(|u| parse_url("--push-otlp", u))
+                .transpose()?,
+            application: self.push_application.clone(),
+            every: self.push_every,
+            timeout: self.push_timeout,
+            labels,
+            ..Default::default()
+        };
+        c.check()
+            .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("push.", "--push-")))?;
+        Ok(c)
+    }
 }
 
 #[derive(Debug, Args)]

@@ -21,6 +21,7 @@ struct File {
     metrics: MetricsSection,
     detectors: DetectorsSection,
     phase_probe: PhaseSection,
+    push: PushSection,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -92,6 +93,32 @@ impl Default for MetricsSection {
         Self {
             listen: "127.0.0.1:10440".into(),
             allow_remote: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct PushSection {
+    pyroscope: Option<String>,
+    otlp: Option<String>,
+    application: Option<String>,
+    every: String,
+    queue: String,
+    timeout: String,
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for PushSection {
+    fn default() -> Self {
+        Self {
+            pyroscope: None,
+            otlp: None,
+            application: None,
+            every: "10s".into(),
+            queue: "64MiB".into(),
+            timeout: "30s".into(),
+            labels: Default::default(),
         }
     }
 }
@@ -188,6 +215,8 @@ pub struct Config {
     pub retention_age: Duration,
     pub free_space_floor: u64,
     pub metrics_listen: SocketAddr,
+    /// Pushing slots to a profiling backend (off without an endpoint).
+    pub push: crate::spec::PushConfig,
 }
 
 impl Config {
@@ -323,6 +352,30 @@ impl Config {
             retention_age: dur("export.retention_age", &f.export.retention_age)?,
             free_space_floor: bytes("export.free_space_floor", &f.export.free_space_floor)?,
             metrics_listen,
+            push: {
+                use crate::spec::{parse_url, PushConfig};
+                let p = PushConfig {
+                    pyroscope: f
+                        .push
+                        .pyroscope
+                        .as_deref()
+                        .map(|u| parse_url("push.pyroscope", u))
+                        .transpose()?,
+                    otlp: f
+                        .push
+                        .otlp
+                        .as_deref()
+                        .map(|u| parse_url("push.otlp", u))
+                        .transpose()?,
+                    application: f.push.application,
+                    every: dur("push.every", &f.push.every)?,
+                    queue_bytes: bytes("push.queue", &f.push.queue)?,
+                    timeout: dur("push.timeout", &f.push.timeout)?,
+                    labels: f.push.labels.into_iter().collect(),
+                };
+                p.check()?;
+                p
+            },
         })
     }
 }
@@ -378,6 +431,8 @@ mod tests {
         assert_eq!(c.retention_age, Duration::from_secs(7 * 86400));
         assert_eq!(c.free_space_floor, 5 << 30);
         assert_eq!(c.metrics_listen, "127.0.0.1:10440".parse().unwrap());
+        // Push is off by default; its other settings are the defaults.
+        assert_eq!(c.push, crate::spec::PushConfig::default());
         assert!(matches!(
             c.spec.slot_source,
             Some(crate::slot_sources::SlotSourceSpec::Rpc(_))
@@ -428,6 +483,22 @@ mod tests {
         assert!(e.contains("frequency_hz"), "{e}");
         let e = err(&format!("{t}[slots]\nsource = \"sundial\"\n"));
         assert!(e.contains("slots.source"), "{e}");
+        let e = err(&format!("{t}[push]\notlp = \"https://collector:4318\"\n"));
+        assert!(e.contains("push.otlp") && e.contains("Collector"), "{e}");
+        let e = err(&format!("{t}[push]\nqueue = \"1KiB\"\n"));
+        assert!(e.contains("push.queue"), "{e}");
+        let e = err(&format!("{t}[push.labels]\n\"bad key\" = \"x\"\n"));
+        assert!(e.contains("push.labels"), "{e}");
+        let c = Config::parse(&format!(
+            "{t}[push]\npyroscope = \"http://127.0.0.1:4040\"\nevery = \"5s\"\n[push.labels]\ncluster = \"mainnet\"\n"
+        ))
+        .unwrap();
+        assert!(c.push.is_on() && c.push.otlp.is_none());
+        assert_eq!(c.push.every, Duration::from_secs(5));
+        assert_eq!(
+            c.push.labels,
+            vec![("cluster".to_string(), "mainnet".to_string())]
+        );
     }
 
     #[test]

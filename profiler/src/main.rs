@@ -177,6 +177,13 @@ fn session_options(
         detector_probes: !p.no_detector_probes,
         save_events: p.save_events,
         save_replay: p.save_replay,
+        push: {
+            let push = p.push.config()?;
+            if push.is_on() && p.slot_source.is_none() {
+                anyhow::bail!("--push-pyroscope and --push-otlp push slots: give --slot-source too");
+            }
+            push
+        },
     })
 }
 

@@ -22,6 +22,18 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The wall clock (CLOCK_REALTIME) in nanoseconds since the Unix epoch.
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+/// The wall clock in milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    unix_ns() / 1_000_000
+}
+
 /// 8 random bytes from the kernel, or None when getrandom fails.
 pub fn random_u64() -> Option<u64> {
     let mut r = [0u8; 8];

@@ -4,6 +4,7 @@
 //! what it did, so tests compare slotprof's findings against the program's
 //! own ground truth rather than against fixed numbers.
 
+pub mod http_receiver;
 pub mod metrics_receiver;
 pub mod rpc_fixture;
 pub mod validator;

@@ -4,12 +4,13 @@
 //! for a test to read: the node's own view of its slots, independent of
 //! slotprof and of its RPC.
 //!
-//! What arrives is treated as hostile: request heads over 16 KiB, bodies
-//! over 16 MiB and lines that do not parse are counted and dropped, never
-//! trusted.
+//! What arrives is treated as hostile: requests over the bounds of
+//! [`crate::http_receiver`] and lines that do not parse are counted and
+//! dropped, never trusted.
 
+use crate::http_receiver::{read_request, Incoming};
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufReader, Write},
     net::{TcpListener, TcpStream},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -17,9 +18,6 @@ use std::{
     },
     time::Duration,
 };
-
-const MAX_HEAD: usize = 16 << 10;
-const MAX_BODY: usize = 16 << 20;
 
 /// One point: measurement, tags and fields as text, time in ns since the
 /// Unix epoch (the node's CLOCK_REALTIME when it made the point).
@@ -196,49 +194,18 @@ fn serve(conn: TcpStream, points: &Mutex<Vec<Point>>, rejected: &AtomicU64) {
     let Ok(mut writer) = conn.try_clone() else { return };
     let mut reader = BufReader::new(conn);
     loop {
-        // The head, line by line, bounded.
-        let mut head_len = 0;
-        let mut content_length: Option<usize> = None;
-        let mut first = true;
-        loop {
-            let mut line = String::new();
-            match (&mut reader)
-                .take((MAX_HEAD - head_len) as u64 + 1)
-                .read_line(&mut line)
-            {
-                Ok(0) => return,
-                Ok(n) => head_len += n,
-                Err(_) => return,
-            }
-            if head_len > MAX_HEAD || !line.ends_with('\n') {
+        let body = match read_request(&mut reader) {
+            Incoming::Request(r) => r.body,
+            Incoming::Closed => return,
+            Incoming::Refused => {
+                // Too large, or no length: answer and close.
                 rejected.fetch_add(1, Ordering::Relaxed);
+                let _ = writer.write_all(
+                    b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
                 return;
             }
-            let line = line.trim_end();
-            if first {
-                first = false;
-                continue;
-            }
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                if k.trim().eq_ignore_ascii_case("content-length") {
-                    content_length = v.trim().parse().ok();
-                }
-            }
-        }
-        let Some(len) = content_length.filter(|&n| n <= MAX_BODY) else {
-            // No length (or too long): answer and close.
-            rejected.fetch_add(1, Ordering::Relaxed);
-            let _ = writer
-                .write_all(b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-            return;
         };
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
         let text = String::from_utf8_lossy(&body);
         let mut parsed = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -256,49 +223,5 @@ fn serve(conn: TcpStream, points: &Mutex<Vec<Point>>, rejected: &AtomicU64) {
         {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_parse_with_tags_quotes_and_integers() {
-        let p = parse_line(
-            r#"replay_stage-new_leader,host_id=abc count=1234i,leader="Ab c,d" 1764640000123456789"#,
-        )
-        .unwrap();
-        assert_eq!(p.measurement, "replay_stage-new_leader");
-        assert_eq!(p.tags, [("host_id".to_string(), "abc".to_string())]);
-        assert_eq!(p.int("count"), Some(1234));
-        assert_eq!(p.fields[1].1, "Ab c,d");
-        assert_eq!(p.unix_ns, 1_764_640_000_123_456_789);
-        for bad in ["", "m", "m f=1", "m f=1 notanumber", ",t=1 f=1 1", "m f 1"] {
-            assert_eq!(parse_line(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn posts_are_received_on_one_connection_and_garbage_is_counted() {
-        let r = MetricsReceiver::start().unwrap();
-        let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
-        for body in ["a,h=x slot=1i 10\nb v=2 20\n", "a slot=2i 30\nnot a point\n"] {
-            let req = format!(
-                "POST /write?db=slotprof HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            s.write_all(req.as_bytes()).unwrap();
-            let mut answer = [0u8; 64];
-            let n = s.read(&mut answer).unwrap();
-            assert!(answer[..n].starts_with(b"HTTP/1.1 204"));
-        }
-        let a = r.points("a");
-        assert_eq!(
-            a.iter().map(|p| p.int("slot").unwrap()).collect::<Vec<_>>(),
-            [1, 2]
-        );
-        assert_eq!(r.counts(), (3, 2));
-        assert_eq!(r.rejected(), 1);
     }
 }

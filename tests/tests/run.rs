@@ -10,29 +10,12 @@ mod common;
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use common::*;
 use slotprof_tests::monotonic_ns;
-
-fn write_config(dir: &Path, body: &str) -> PathBuf {
-    let p = dir.join("slotprof.toml");
-    std::fs::write(&p, body).unwrap();
-    p
-}
-
-/// A configuration for the synthetic validator over its RPC fixture;
-/// `export` lines go in the [export] section.
-fn config_text(rpc: u16, metrics: u16, dir: &Path, export: &str) -> String {
-    format!(
-        "[target]\ncomm = \"synthetic-validator\"\n[slots]\nsource = \"rpc=http://127.0.0.1:{rpc}\"\n\
-         [export]\ndir = \"{}\"\n{export}\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-         [phase_probe]\nenabled = false\n",
-        dir.display()
-    )
-}
 
 /// Every file or directory under `dir` whose name marks it temporary.
 fn leftovers(dir: &Path) -> Vec<PathBuf> {
@@ -64,28 +47,6 @@ fn du(dir: &Path) -> u64 {
             }
         })
         .sum()
-}
-
-fn start_validator(dir: &Path, port: u16, slots: u32, extra: &[&str]) -> Child {
-    // The first slot starts 3 s from now: slotprof is attached by then.
-    let origin = (monotonic_ns() + 3_000_000_000).to_string();
-    let mut args = vec![
-        "--rpc-port".to_string(),
-        port.to_string(),
-        "--first-slot".into(),
-        "345600102".into(),
-        "--slots".into(),
-        slots.to_string(),
-        "--origin-ns".into(),
-        origin,
-        "--report".into(),
-        dir.join("truth.json").to_str().unwrap().into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Command::new(stall_program("synthetic-validator"))
-        .args(&args)
-        .spawn()
-        .expect("start synthetic-validator")
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! One profiling session: attach, collect until told to stop, write.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::{
     collections::HashMap,
     io::{IsTerminal, Write},
@@ -16,7 +17,7 @@ use tokio::signal::unix::SignalKind;
 use crate::{
     detectors,
     export::report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
-    export::{slot_export, SlotExport, SlotResult},
+    export::{push::Pusher, slot_export, SlotExport, SlotResult},
     kernel::events,
     kernel::probes::{ProbeConfig, Probes, StackCache},
     kernel::target::Target,
@@ -46,6 +47,8 @@ pub struct SessionOptions {
     pub save_events: Option<PathBuf>,
     /// Write a recording for `replay` here.
     pub save_replay: Option<PathBuf>,
+    /// Push the slots' profiles to a profiling backend (needs a slot source).
+    pub push: crate::spec::PushConfig,
 }
 
 /// A process started by `record`, held before `exec` until the probes are in.
@@ -732,7 +735,32 @@ async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::
     let (printed, warnings) = warnings_of(opts, &mut c, &a, &lost);
     let mut a = a;
     let summary = summary_of(opts, &mut c, &mut a, lost, stop, warnings);
-    write_outputs(opts, &mut c, a, summary, printed)
+    // The push's senders run while the outputs are written (on this
+    // runtime, between them) and are waited for after.
+    let mut pusher = (opts.push.is_on() && opts.spec.slot_source.is_some())
+        .then(|| Pusher::start(&opts.push, &c.target.name(), Some(c.slot_log.clone())));
+    let mut outcome = write_outputs(opts, &mut c, a, summary, printed, pusher.as_mut())?;
+    if let Some(p) = pusher {
+        let stats = p.stats();
+        p.drain(opts.push.timeout).await;
+        outcome.summary.push = stats.iter().map(|s| s.json()).collect();
+        for s in &stats {
+            outcome.printed.push(format!(
+                "push to {} {}: {} batches pushed, {} dropped, {} rejected, {} failed attempts",
+                s.endpoint,
+                s.url,
+                s.pushed.load(Relaxed),
+                s.dropped.load(Relaxed),
+                s.rejected.load(Relaxed),
+                s.failed.load(Relaxed)
+            ));
+        }
+        crate::output::write_atomic(
+            &outcome.summary_path,
+            &serde_json::to_vec_pretty(&outcome.summary)?,
+        )?;
+    }
+    Ok(outcome)
 }
 
 /// The summary of a session (its outputs not written yet).
@@ -822,6 +850,7 @@ fn summary_of(
         outputs: Vec::new(),
         missing: Vec::new(),
         warnings,
+        push: Vec::new(),
     }
 }
 
@@ -833,6 +862,7 @@ fn write_outputs(
     a: Analysis,
     mut summary: Summary,
     printed: Vec<String>,
+    mut pusher: Option<&mut Pusher>,
 ) -> anyhow::Result<Outcome> {
     let summary_path = opts.out.join("summary.json");
     // The summary first (small): a disk that fills while the profiles are
@@ -894,7 +924,7 @@ fn write_outputs(
             .resolve_slots_each(&a.timeline, &c.table, &mut c.sym, |i, p| {
                 let slot = &a.timeline.slots()[i];
                 session_pprof.slot(&p, &report::SlotLabels::of(slot, slot_phase(slot)));
-                writer.slot(&SlotResult {
+                let result = SlotResult {
                     slot,
                     profiles: &p,
                     findings: &a.findings,
@@ -905,9 +935,16 @@ fn write_outputs(
                         .and_then(|psi| psi.over(slot.start_ns, slot.end_ns)),
                     meta: &a.meta,
                     period_ns,
-                })
+                };
+                if let Some(p) = pusher.as_deref_mut() {
+                    p.slot(&result)?;
+                }
+                writer.slot(&result)
             })
             .and_then(|()| writer.finish(&a.meta));
+        if let Some(p) = pusher {
+            p.finish(&a.meta)?;
+        }
         let has_windows = a.timeline.slots().iter().any(|s| s.window.is_some());
         // The session's pprof: its slots' samples labelled, the rest not;
         // if the slots stopped short, the whole session unlabelled.

@@ -128,6 +128,8 @@ pub struct Snapshot {
     /// (seconds since the Unix epoch).
     pub last_exported_slot: Option<u64>,
     pub last_export_unix_s: Option<f64>,
+    /// The push endpoints' counts (`[push]`), read as they are.
+    pub push: Vec<std::sync::Arc<super::push::Stats>>,
 }
 
 impl Default for Snapshot {
@@ -153,6 +155,7 @@ impl Default for Snapshot {
             export_paused: false,
             last_exported_slot: None,
             last_export_unix_s: None,
+            push: Vec::new(),
         }
     }
 }
@@ -207,6 +210,7 @@ fn escape(v: &str) -> String {
 pub fn render(s: &Snapshot, own: &Process) -> String {
     let mut out = String::new();
     counters(&mut out, s);
+    push(&mut out, s);
     gauges(&mut out, s);
     process(&mut out, own);
     out
@@ -338,6 +342,84 @@ fn counters(out: &mut String, s: &Snapshot) {
 
 /// The state an alert reads: tables held, the build, attached, healthy,
 /// paused, the last export.
+/// The push endpoints': batches by how they ended, failed attempts, the
+/// queue (absent when nothing is pushed).
+fn push(out: &mut String, s: &Snapshot) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if s.push.is_empty() {
+        return;
+    }
+    let each = |f: &dyn Fn(&super::push::Stats) -> String| s.push.iter().map(|p| f(p)).collect::<Vec<_>>();
+    let label = |p: &super::push::Stats| format!("endpoint=\"{}\",url=\"{}\"", p.endpoint, escape(&p.url));
+    let mut batches = Vec::new();
+    for p in &s.push {
+        for (result, n) in [
+            ("pushed", &p.pushed),
+            ("dropped", &p.dropped),
+            ("rejected", &p.rejected),
+        ] {
+            batches.push(format!(
+                "slotprof_push_batches_total{{{},result=\"{result}\"}} {}",
+                label(p),
+                n.load(Relaxed)
+            ));
+        }
+    }
+    section(
+        out,
+        "slotprof_push_batches_total",
+        "counter",
+        "Batches of slot profiles pushed (taken by the receiver), dropped (the queue full, or still queued at exit) or rejected (refused by the receiver as malformed).",
+        batches,
+    );
+    section(
+        out,
+        "slotprof_push_failed_attempts_total",
+        "counter",
+        "Push requests that failed (no connection, timeout, 5xx, 408, 429) and were retried with backoff.",
+        each(&|p| {
+            format!(
+                "slotprof_push_failed_attempts_total{{{}}} {}",
+                label(p),
+                p.failed.load(Relaxed)
+            )
+        }),
+    );
+    section(
+        out,
+        "slotprof_push_queue_bytes",
+        "gauge",
+        "Bytes of batches waiting to be pushed.",
+        each(&|p| {
+            format!(
+                "slotprof_push_queue_bytes{{{}}} {}",
+                label(p),
+                p.queued_bytes.load(Relaxed)
+            )
+        }),
+    );
+    section(
+        out,
+        "slotprof_push_queue_limit_bytes",
+        "gauge",
+        "The queue's bound (push.queue): past it the oldest batch is dropped.",
+        each(&|p| format!("slotprof_push_queue_limit_bytes{{{}}} {}", label(p), p.limit)),
+    );
+    section(
+        out,
+        "slotprof_push_last_success_timestamp_seconds",
+        "gauge",
+        "When a batch was last taken by the receiver (Unix time; 0: never).",
+        each(&|p| {
+            format!(
+                "slotprof_push_last_success_timestamp_seconds{{{}}} {}",
+                label(p),
+                p.last_pushed_unix_ms.load(Relaxed) as f64 / 1e3
+            )
+        }),
+    );
+}
+
 fn gauges(out: &mut String, s: &Snapshot) {
     section(
         out,
@@ -693,6 +775,16 @@ mod tests {
         snap.slot_source = "rpc";
         snap.last_exported_slot = Some(1234);
         snap.last_export_unix_s = Some(1.7e9);
+        let pushed = std::sync::Arc::new(super::super::push::Stats::new(
+            "otlp",
+            "http://h:4318/v1development/profiles".into(),
+            1 << 20,
+        ));
+        pushed.pushed.store(3, std::sync::atomic::Ordering::Relaxed);
+        pushed
+            .queued_bytes
+            .store(4096, std::sync::atomic::Ordering::Relaxed);
+        snap.push = vec![pushed];
         let own = Process {
             cpu_seconds: 1.5,
             resident_bytes: 64 << 20,
@@ -714,6 +806,14 @@ mod tests {
             10.0
         );
         assert_eq!(value(&scrape, "slotprof_unwind_table_bytes", None), 4096.0);
+        assert_eq!(
+            value(&scrape, "slotprof_push_batches_total", Some(("result", "pushed"))),
+            3.0
+        );
+        assert_eq!(
+            value(&scrape, "slotprof_push_queue_bytes", Some(("endpoint", "otlp"))),
+            4096.0
+        );
         assert_eq!(
             value(&scrape, "process_resident_memory_bytes", None),
             (64 << 20) as f64

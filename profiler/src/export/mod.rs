@@ -2,13 +2,14 @@
 //! SVG, pprof, summary.json; [`slot_export`]: per-slot and per-window
 //! directories, trace.json, index.html), the always-on export directory
 //! with its hourly profiles and retention ([`always_on`]), the Prometheus
-//! endpoint ([`metrics`]) and `slotprof diff` ([`diff`]).
+//! endpoint ([`metrics`]), pushing to a profiling backend ([`push`]:
+//! Pyroscope, OTLP) and `slotprof diff` ([`diff`]).
 //!
 //! Every exporter of slots takes them the same way, through
 //! [`SlotExport`]: a session's slot directories ([`slot_export::SlotWriter`]),
 //! the always-on export with its windows and hours
-//! ([`always_on::Exporter`]) and the metrics' per-slot counts
-//! ([`metrics::SlotMetrics`]).
+//! ([`always_on::Exporter`]), the metrics' per-slot counts
+//! ([`metrics::SlotMetrics`]) and the push to a backend ([`push::Pusher`]).
 //!
 //! Not here: writing a file atomically (`output`), and deciding what is in
 //! a slot (`pipeline`).
@@ -16,6 +17,7 @@
 pub mod always_on;
 pub mod diff;
 pub mod metrics;
+pub mod push;
 pub mod report;
 pub mod slot_export;
 pub mod timeline;

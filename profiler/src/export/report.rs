@@ -60,6 +60,9 @@ pub struct Summary {
     pub missing: Vec<MissingOutput>,
     /// Things the operator should know, in plain words.
     pub warnings: Vec<String>,
+    /// Each push endpoint's counts (`--push-pyroscope`, `--push-otlp`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub push: Vec<serde_json::Value>,
 }
 
 /// An output that could not be written.

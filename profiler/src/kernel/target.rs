@@ -22,6 +22,16 @@ pub struct Target {
 }
 
 impl Target {
+    /// What the process is called: its executable's file name (a main
+    /// thread may rename itself), else its main thread's name.
+    pub fn name(&self) -> String {
+        self.exe
+            .as_deref()
+            .and_then(|e| e.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.comm.clone())
+    }
+
     /// Looks `pid` up; a pid with no live process is an error that says so.
     pub fn from_pid(pid: u32) -> anyhow::Result<Self> {
         let Some((state, start_ticks)) = stat(pid).ok().flatten() else {

@@ -81,6 +81,8 @@ pub struct SlotLog {
     /// The RPC source gives slots now (false while it fails, and for the
     /// other sources).
     pub healthy: bool,
+    /// The node's identity pubkey, as the RPC's getIdentity gave it.
+    pub identity: Option<String>,
 }
 
 /// A [`SlotLog`] shared between a source task and the session.
@@ -176,6 +178,7 @@ impl SlotLog {
             warnings: Vec::new(),
             marks: Vec::new(),
             healthy: self.healthy,
+            identity: None,
         }
         .timeline(session_end_ns)
     }
@@ -284,6 +287,7 @@ mod tests {
             warnings: vec![],
             marks: vec![],
             healthy: true,
+            identity: None,
         }
     }
 

@@ -304,6 +304,7 @@ async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyh
         if !l.epochs.contains(&schedule) {
             l.epochs.push(schedule);
         }
+        l.identity = Some(identity.clone());
     }
     let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(WS_MESSAGE))

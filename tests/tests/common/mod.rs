@@ -544,18 +544,25 @@ pub fn free_port() -> u16 {
 
 /// GET http://127.0.0.1:port/path, the body.
 pub fn http_get(port: u16, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    // One write: `write!` on an unbuffered stream sends each piece apart.
-    std::io::Write::write_all(
-        &mut s,
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    let r = http_exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
     )
-    .unwrap();
-    let mut r = String::new();
-    std::io::Read::read_to_string(&mut s, &mut r).unwrap();
+    .expect("connect to /metrics");
     let (head, body) = r.split_once("\r\n\r\n").expect("an HTTP response");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     body.to_string()
+}
+
+/// `request` sent whole to 127.0.0.1:port, the whole answer; None when
+/// nothing listens there (yet).
+pub fn http_exchange(port: u16, request: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    // One write: `write!` on an unbuffered stream sends each piece apart.
+    std::io::Write::write_all(&mut s, request.as_bytes()).ok()?;
+    let mut r = String::new();
+    std::io::Read::read_to_string(&mut s, &mut r).ok()?;
+    Some(r)
 }
 
 /// One measured check for the table `cargo xtask validator --test` prints
@@ -690,4 +697,46 @@ pub fn pprof_totals(path: &Path) -> std::collections::BTreeMap<String, i64> {
             )
         })
         .collect()
+}
+
+/// `slotprof run`'s configuration file, written into `dir`.
+pub fn write_config(dir: &Path, body: &str) -> PathBuf {
+    let p = dir.join("slotprof.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+/// A configuration for the synthetic validator over its RPC fixture;
+/// `export` lines go in the [export] section.
+pub fn config_text(rpc: u16, metrics: u16, dir: &Path, export: &str) -> String {
+    format!(
+        "[target]\ncomm = \"synthetic-validator\"\n[slots]\nsource = \"rpc=http://127.0.0.1:{rpc}\"\n\
+         [export]\ndir = \"{}\"\n{export}\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+         [phase_probe]\nenabled = false\n",
+        dir.display()
+    )
+}
+
+/// The synthetic validator with its RPC fixture on `port`: `slots` slots
+/// from slot 345600102, its ground truth in `dir`/truth.json.
+pub fn start_validator(dir: &Path, port: u16, slots: u32, extra: &[&str]) -> std::process::Child {
+    // The first slot starts 3 s from now: slotprof is attached by then.
+    let origin = (slotprof_tests::monotonic_ns() + 3_000_000_000).to_string();
+    let mut args = vec![
+        "--rpc-port".to_string(),
+        port.to_string(),
+        "--first-slot".into(),
+        "345600102".into(),
+        "--slots".into(),
+        slots.to_string(),
+        "--origin-ns".into(),
+        origin,
+        "--report".into(),
+        dir.join("truth.json").to_str().unwrap().into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Command::new(stall_program("synthetic-validator"))
+        .args(&args)
+        .spawn()
+        .expect("start synthetic-validator")
 }

@@ -34,7 +34,7 @@ use tokio::signal::unix::SignalKind;
 use crate::{
     config::{Config, TargetSpec},
     export::metrics::{self, Snapshot},
-    export::{always_on, SlotExport, SlotResult},
+    export::{always_on, push::Pusher, SlotExport, SlotResult},
     kernel::events::Event,
     kernel::probes::{ProbeConfig, Probes, StackCache},
     kernel::target::Target,
@@ -187,11 +187,37 @@ impl Signals {
     }
 }
 
+/// How long stopping waits for the push queues to empty.
+const STOP_PUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// The pusher of `config` (None when push is off), its counts in /metrics.
+fn start_push(config: &Config, snapshot: &Arc<Mutex<Snapshot>>) -> Option<Pusher> {
+    let p = config
+        .push
+        .is_on()
+        .then(|| Pusher::start(&config.push, "slotprof", None));
+    snapshot.lock().unwrap().push = p.as_ref().map(Pusher::stats).unwrap_or_default();
+    p
+}
+
+/// After a reload: a new pusher if the push settings changed (the old one
+/// gets a moment to send what it holds).
+async fn repush(pusher: &mut Option<Pusher>, old: &Config, new: &Config, snapshot: &Arc<Mutex<Snapshot>>) {
+    if old.push == new.push {
+        return;
+    }
+    if let Some(p) = pusher.take() {
+        p.drain(Duration::from_secs(2)).await;
+    }
+    *pusher = start_push(new, snapshot);
+}
+
 /// Runs until SIGTERM/SIGINT (or `--duration`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut config = load(&o)?;
     let mut exporter = always_on::Exporter::open(&config)?;
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let mut pusher = start_push(&config, &snapshot);
     let mut server = start_metrics(&config, &snapshot).await?;
     let mut signals = Signals {
         term: tokio::signal::unix::signal(SignalKind::terminate())?,
@@ -213,7 +239,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     &o,
                     &config,
                     target,
-                    &mut exporter,
+                    (&mut exporter, &mut pusher),
                     &snapshot,
                     &mut signals,
                     &mut lost_before,
@@ -228,6 +254,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                             server = start_metrics(&old, &snapshot).await?;
                         }
                         exporter.reconfigure(&old);
+                        repush(&mut pusher, &config, &old, &snapshot).await;
                         config = old;
                         continue;
                     }
@@ -273,6 +300,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                         server = serve_metrics(listener, &new.config, &snapshot)?;
                     }
                     exporter.reconfigure(&new.config);
+                    repush(&mut pusher, &config, &new.config, &snapshot).await;
                     previous = Some(std::mem::replace(&mut config, new.config));
                     eprintln!("slotprof: configuration reloaded from {}", o.config.display());
                     crate::sd_notify::notify("READY=1");
@@ -286,6 +314,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     server = serve_metrics(listener, &new.config, &snapshot)?;
                 }
                 exporter.reconfigure(&new.config);
+                repush(&mut pusher, &config, &new.config, &snapshot).await;
                 previous = Some(std::mem::replace(&mut config, new.config));
                 eprintln!(
                     "slotprof: configuration reloaded from {} (probes attached again)",
@@ -295,6 +324,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     crate::sd_notify::notify("STOPPING=1");
+    if let Some(p) = pusher {
+        p.drain(STOP_PUSH_WAIT).await;
+    }
     server.abort();
     eprintln!(
         "slotprof: stopped; export in {} ({:.1} MiB)",
@@ -473,12 +505,15 @@ async fn follow(
     o: &RunOptions,
     config: &Config,
     target: Target,
-    exporter: &mut always_on::Exporter,
+    (exporter, pusher): (&mut always_on::Exporter, &mut Option<Pusher>),
     snapshot: &Arc<Mutex<Snapshot>>,
     signals: &mut Signals,
     lost_before: &mut HashMap<String, u64>,
 ) -> anyhow::Result<End> {
     let mut f = Follow::start(config, &target, snapshot)?;
+    if let Some(p) = pusher.as_mut() {
+        p.follow(&target.name(), f.slot_log.clone());
+    }
     // Attached until the probes are gone, however this function returns.
     let attached = Attached(snapshot.clone());
     crate::sd_notify::notify(&format!(
@@ -494,6 +529,7 @@ async fn follow(
         target: &target,
         topology: &topology,
         exporter,
+        pusher: pusher.as_mut(),
         snapshot,
         blocks: blocks.as_ref(),
     };
@@ -511,6 +547,7 @@ async fn follow(
             e = signals.next() => match e {
                 End::Hup => match reload(o, &chunk.config).await {
                     Ok(new) if needs_reattach(&chunk.config, &new.config) => break End::Reload(Box::new(new)),
+                    Ok(new) if new.config.push != chunk.config.push => break End::Reload(Box::new(new)),
                     Ok(new) => {
                         let new = new.config;
                         chunk.exporter.reconfigure(&new);
@@ -858,6 +895,9 @@ impl Follow {
         drop(kernel_ring);
         drop(self.probes);
         let meta = meta(chunk.target, &chunk.config);
+        if let Some(p) = chunk.pusher.as_deref_mut() {
+            p.finish(&meta)?;
+        }
         chunk.exporter.finish(&meta)
     }
 }
@@ -1013,6 +1053,8 @@ struct Chunk<'a> {
     target: &'a Target,
     topology: &'a crate::topology::Topology,
     exporter: &'a mut always_on::Exporter,
+    /// Pushes each slot to a profiling backend (`[push]`).
+    pusher: Option<&'a mut Pusher>,
     snapshot: &'a Arc<Mutex<Snapshot>>,
     /// Asks for each exported leader slot's block.
     blocks: Option<&'a crate::slot_sources::blocks::Fetcher>,
@@ -1082,6 +1124,9 @@ impl Chunk<'_> {
                 period_ns,
             };
             self.exporter.slot(&result)?;
+            if let Some(p) = self.pusher.as_deref_mut() {
+                p.slot(&result)?;
+            }
             metrics::SlotMetrics(self.snapshot).slot(&result)?;
             match self.blocks.filter(|_| slot.leader) {
                 Some(b) if slot.aligned => b.ended(slot.number),

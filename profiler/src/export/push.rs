@@ -1,0 +1,774 @@
+//! Pushing profiles to a fleet's profiling backend: Grafana Pyroscope's
+//! ingest API (`POST /ingest`, a pprof upload) and OTLP profiles over
+//! HTTP (`POST /v1development/profiles`), off unless configured
+//! (`[push]` in slotprof.toml, `--push-*` for attach and record).
+//!
+//! Slots are gathered into batches of `push.every` (10 s) of slot time:
+//! one pprof profile whose samples carry their slot, leader flag and phase
+//! as sample labels (a slot is not a series label: it changes every
+//! 400 ms), their thread and CPU, with the node's identity, host name and
+//! slotprof's version as series labels (Pyroscope) or resource attributes
+//! (OTLP). A batch is encoded once per endpoint and queued; each endpoint
+//! has its own queue, bounded in bytes (`push.queue`), and its own sender
+//! task. Profiling never waits for a push: a full queue drops its oldest
+//! batch (counted), a failed request is retried with backoff (1 s
+//! doubling to 60 s), a request the receiver refuses as malformed (4xx
+//! but 408 and 429) is dropped and said. A backend that is down costs the
+//! queue's bytes and nothing else. `/metrics` counts batches pushed,
+//! dropped and rejected, failed attempts, and the bytes queued.
+//!
+//! Plain HTTP only: for TLS or authentication, push to a local Grafana
+//! Alloy (`pyroscope.receive_http`) or OpenTelemetry Collector, which
+//! forwards.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use flamegraphs::pprof::{self, ProfileMeta};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::{TokioExecutor, TokioTimer},
+};
+
+use super::{
+    report::{add_rows, pprof_types, SlotLabels},
+    SlotExport, SlotResult,
+};
+pub use crate::spec::{parse_url, PushConfig};
+use crate::{slot_sources::SharedSlotLog, spec::valid_value};
+
+/// An endpoint's counts, read by /metrics and the session summary.
+#[derive(Debug)]
+pub struct Stats {
+    /// "pyroscope" or "otlp".
+    pub endpoint: &'static str,
+    pub url: String,
+    /// The queue's bound in bytes.
+    pub limit: u64,
+    /// Batches the receiver took.
+    pub pushed: AtomicU64,
+    /// Batches dropped unsent: the queue was full (the oldest goes), or
+    /// they were still queued when slotprof stopped.
+    pub dropped: AtomicU64,
+    /// Batches the receiver refused (4xx other than 408 and 429): not
+    /// sent again.
+    pub rejected: AtomicU64,
+    /// Attempts that failed (connection, timeout, 5xx, 408, 429): retried.
+    pub failed: AtomicU64,
+    pub queued_bytes: AtomicU64,
+    pub queued: AtomicU64,
+    /// The last batch taken (Unix ms; 0: none yet).
+    pub last_pushed_unix_ms: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn new(endpoint: &'static str, url: String, limit: u64) -> Self {
+        Self {
+            endpoint,
+            url,
+            limit,
+            pushed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            queued_bytes: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            last_pushed_unix_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// As summary.json says it.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "endpoint": self.endpoint,
+            "url": self.url,
+            "pushed": self.pushed.load(Relaxed),
+            "dropped": self.dropped.load(Relaxed),
+            "rejected": self.rejected.load(Relaxed),
+            "failed_attempts": self.failed.load(Relaxed),
+            "queued_bytes": self.queued_bytes.load(Relaxed),
+            "queue_limit_bytes": self.limit,
+        })
+    }
+}
+
+/// One encoded batch, ready to send.
+#[derive(Clone)]
+struct Item {
+    seq: u64,
+    uri: hyper::Uri,
+    content_type: String,
+    body: Bytes,
+    /// Its first and last slot, for messages.
+    slots: (u64, u64),
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    bytes: u64,
+    next_seq: u64,
+}
+
+/// What an endpoint's sender task shares with the pusher.
+struct Endpoint {
+    stats: Arc<Stats>,
+    queue: Mutex<Queue>,
+    wake: tokio::sync::Notify,
+    /// A request is under way.
+    busy: AtomicBool,
+    timeout: Duration,
+}
+
+impl Endpoint {
+    /// Queues `item`, dropping the oldest batches past the bound.
+    fn enqueue(&self, mut item: Item) {
+        let len = item.body.len() as u64;
+        let mut q = self.queue.lock().unwrap();
+        if len > self.stats.limit {
+            self.stats.dropped.fetch_add(1, Relaxed);
+            eprintln!(
+                "slotprof: push to {} {}: the batch of slots {}-{} is {}, more than the whole queue \
+                 (push.queue = {}); dropped: raise push.queue or lower push.every",
+                self.stats.endpoint,
+                self.stats.url,
+                item.slots.0,
+                item.slots.1,
+                size(len),
+                size(self.stats.limit)
+            );
+            return;
+        }
+        while q.bytes + len > self.stats.limit {
+            let Some(old) = q.items.pop_front() else { break };
+            q.bytes -= old.body.len() as u64;
+            self.stats.dropped.fetch_add(1, Relaxed);
+        }
+        item.seq = q.next_seq;
+        q.next_seq += 1;
+        q.bytes += len;
+        q.items.push_back(item);
+        self.stats.queued_bytes.store(q.bytes, Relaxed);
+        self.stats.queued.store(q.items.len() as u64, Relaxed);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// Removes the batch `seq` if it is still queued (the bound may have
+    /// dropped it meanwhile).
+    fn remove(&self, seq: u64) -> bool {
+        let mut q = self.queue.lock().unwrap();
+        let Some(i) = q.items.iter().position(|it| it.seq == seq) else {
+            return false;
+        };
+        let it = q.items.remove(i).unwrap();
+        q.bytes -= it.body.len() as u64;
+        self.stats.queued_bytes.store(q.bytes, Relaxed);
+        self.stats.queued.store(q.items.len() as u64, Relaxed);
+        true
+    }
+
+    /// The oldest batch (its body shared, not copied).
+    fn front(&self) -> Option<Item> {
+        self.queue.lock().unwrap().items.front().cloned()
+    }
+
+    fn idle(&self) -> bool {
+        self.queue.lock().unwrap().items.is_empty() && !self.busy.load(Relaxed)
+    }
+}
+
+/// How a request ended.
+enum Sent {
+    Taken,
+    /// Worth trying again later.
+    Retry(String),
+    /// The receiver will not take it.
+    Refused(String),
+}
+
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Bytes of a receiver's answer read (for its message).
+const ANSWER_LIMIT: usize = 64 << 10;
+
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    uri: hyper::Uri,
+    content_type: &str,
+    body: Bytes,
+    timeout: Duration,
+) -> Sent {
+    let request = match hyper::Request::post(uri)
+        .header(hyper::header::CONTENT_TYPE, content_type)
+        .header(
+            hyper::header::USER_AGENT,
+            concat!("slotprof/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Full::new(body))
+    {
+        Ok(r) => r,
+        Err(e) => return Sent::Refused(format!("cannot build the request: {e}")),
+    };
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        let status = response.status();
+        let answer = Limited::new(response.into_body(), ANSWER_LIMIT)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Ok::<_, String>((status, answer))
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Sent::Retry(format!("no answer within {:?}", timeout)),
+        Ok(Err(e)) => Sent::Retry(e),
+        Ok(Ok((status, answer))) => {
+            let said = || {
+                format!(
+                    "HTTP {status}: {}",
+                    crate::slot_sources::rpc::quote(&answer).trim()
+                )
+            };
+            if status.is_success() {
+                Sent::Taken
+            } else if status.is_server_error()
+                || status == hyper::StatusCode::TOO_MANY_REQUESTS
+                || status == hyper::StatusCode::REQUEST_TIMEOUT
+            {
+                Sent::Retry(said())
+            } else {
+                Sent::Refused(said())
+            }
+        }
+    }
+}
+
+/// An endpoint's sender: the oldest batch first, each until it is taken,
+/// refused or dropped by the bound; says when pushing starts failing and
+/// when it works again.
+async fn sender(ep: Arc<Endpoint>) {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(ep.timeout.min(Duration::from_secs(10))));
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1)
+        .build(connector);
+    let mut backoff = MIN_BACKOFF;
+    let mut failing: Option<u64> = None;
+    loop {
+        let Some(Item {
+            seq,
+            uri,
+            content_type,
+            body,
+            slots,
+        }) = ep.front()
+        else {
+            ep.wake.notified().await;
+            continue;
+        };
+        ep.busy.store(true, Relaxed);
+        let sent = send(&client, uri, &content_type, body, ep.timeout).await;
+        let s = &ep.stats;
+        match sent {
+            Sent::Taken => {
+                ep.remove(seq);
+                s.pushed.fetch_add(1, Relaxed);
+                s.last_pushed_unix_ms.store(crate::sys::unix_ms(), Relaxed);
+                if let Some(attempts) = failing.take() {
+                    eprintln!(
+                        "slotprof: push to {} {} works again (after {attempts} failed attempts)",
+                        s.endpoint, s.url
+                    );
+                }
+                backoff = MIN_BACKOFF;
+            }
+            Sent::Refused(why) => {
+                if ep.remove(seq) {
+                    s.rejected.fetch_add(1, Relaxed);
+                }
+                eprintln!(
+                    "slotprof: push to {} {}: the receiver refused slots {}-{} ({why}); not sent again: \
+                     check the URL and that the receiver takes this format",
+                    s.endpoint, s.url, slots.0, slots.1
+                );
+            }
+            Sent::Retry(why) => {
+                s.failed.fetch_add(1, Relaxed);
+                let n = failing.get_or_insert(0);
+                if *n == 0 {
+                    eprintln!(
+                        "slotprof: push to {} {} failed ({why}); profiling goes on, batches wait in a queue \
+                         of at most {} (push.queue; the oldest dropped past it), retried with backoff",
+                        s.endpoint,
+                        s.url,
+                        size(s.limit)
+                    );
+                }
+                *n += 1;
+                ep.busy.store(false, Relaxed);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        ep.busy.store(false, Relaxed);
+    }
+}
+
+/// The batch being gathered.
+struct Batch {
+    b: pprof::Builder,
+    meta: ProfileMeta,
+    /// First slot's start and last slot's end (CLOCK_MONOTONIC ns).
+    start_ns: u64,
+    end_ns: u64,
+    slots: (u64, u64),
+}
+
+/// Gathers slots into batches and queues them for each endpoint (see the
+/// module's comment). Profiling's side: no I/O, no waiting.
+pub struct Pusher {
+    endpoints: Vec<(Arc<Endpoint>, Kind)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    batch: Option<Batch>,
+    every_ns: u64,
+    configured_application: Option<String>,
+    application: String,
+    labels: Vec<(String, String)>,
+    /// The RPC slot source's log, for the node's identity.
+    slot_log: Option<SharedSlotLog>,
+    mono_to_unix: i128,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Pyroscope { base: String },
+    Otlp { uri: hyper::Uri },
+}
+
+impl Pusher {
+    /// Starts a sender per configured endpoint (on the current tokio
+    /// runtime); `application` is the default application name.
+    pub fn start(config: &PushConfig, application: &str, slot_log: Option<SharedSlotLog>) -> Self {
+        let mut endpoints = Vec::new();
+        let mut add = |name: &'static str, uri: &hyper::Uri, kind: Kind| {
+            endpoints.push((
+                Arc::new(Endpoint {
+                    stats: Arc::new(Stats::new(name, uri.to_string(), config.queue_bytes)),
+                    queue: Mutex::new(Queue::default()),
+                    wake: tokio::sync::Notify::new(),
+                    busy: AtomicBool::new(false),
+                    timeout: config.timeout,
+                }),
+                kind,
+            ));
+        };
+        if let Some(u) = &config.pyroscope {
+            let base = u.to_string().trim_end_matches('/').to_string();
+            add("pyroscope", u, Kind::Pyroscope { base });
+        }
+        if let Some(u) = &config.otlp {
+            let uri = if matches!(u.path(), "" | "/") {
+                format!(
+                    "{}{}",
+                    u.to_string().trim_end_matches('/'),
+                    flamegraphs::otlp::HTTP_PATH
+                )
+                .parse()
+                .unwrap_or_else(|_| u.clone())
+            } else {
+                u.clone()
+            };
+            add("otlp", &uri.clone(), Kind::Otlp { uri });
+        }
+        let tasks = endpoints
+            .iter()
+            .map(|(ep, _)| tokio::spawn(sender(ep.clone())))
+            .collect();
+        let application = config
+            .application
+            .clone()
+            .filter(|a| valid_value(a))
+            .unwrap_or_else(|| sanitized(application));
+        Self {
+            endpoints,
+            tasks,
+            configured_application: config.application.clone(),
+            batch: None,
+            every_ns: config.every.as_nanos() as u64,
+            application,
+            labels: config.labels.clone(),
+            slot_log,
+            mono_to_unix: crate::sys::unix_ns() as i128 - crate::slots::monotonic_ns() as i128,
+        }
+    }
+
+    /// Follows a (new) target: its name ([`crate::kernel::target::Target::name`]) is the application's
+    /// when none is configured, its slot source's log gives the identity.
+    pub fn follow(&mut self, comm: &str, slot_log: SharedSlotLog) {
+        if self.configured_application.is_none() {
+            self.application = sanitized(comm);
+        }
+        self.slot_log = Some(slot_log);
+    }
+
+    /// Each endpoint's counts.
+    pub fn stats(&self) -> Vec<Arc<Stats>> {
+        self.endpoints.iter().map(|(e, _)| e.stats.clone()).collect()
+    }
+
+    fn unix_ns(&self, mono: u64) -> i64 {
+        (mono as i128 + self.mono_to_unix).clamp(0, i64::MAX as i128) as i64
+    }
+
+    /// The node's series labels / resource attributes.
+    fn node_labels(&self) -> Vec<(String, String)> {
+        let mut l = vec![
+            ("hostname".to_string(), hostname()),
+            (
+                "slotprof_version".to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            ),
+        ];
+        if let Some(id) = self
+            .slot_log
+            .as_ref()
+            .and_then(|log| log.lock().unwrap().identity.clone())
+            .filter(|id| valid_value(id))
+        {
+            l.push(("identity".to_string(), id));
+        }
+        l.extend(self.labels.iter().cloned());
+        l
+    }
+
+    /// Encodes the batch gathered and queues it for every endpoint.
+    fn flush(&mut self) {
+        let Some(batch) = self.batch.take() else { return };
+        let mut meta = batch.meta.clone();
+        meta.time_nanos = self.unix_ns(batch.start_ns);
+        meta.duration_nanos = batch.end_ns.saturating_sub(batch.start_ns).min(i64::MAX as u64) as i64;
+        let gz = match batch.b.gzip(&meta) {
+            Ok(gz) => Bytes::from(gz),
+            Err(e) => {
+                for (ep, _) in &self.endpoints {
+                    ep.stats.dropped.fetch_add(1, Relaxed);
+                }
+                eprintln!(
+                    "slotprof: push: the profile of slots {}-{} could not be built ({e}); dropped",
+                    batch.slots.0, batch.slots.1
+                );
+                return;
+            }
+        };
+        let labels = self.node_labels();
+        let from_s = meta.time_nanos / 1_000_000_000;
+        let until_s = ((meta.time_nanos + meta.duration_nanos + 999_999_999) / 1_000_000_000).max(from_s + 1);
+        let mut otlp_body: Option<Bytes> = None;
+        for (ep, kind) in &self.endpoints {
+            let (uri, content_type, body) = match kind {
+                Kind::Pyroscope { base } => {
+                    let name = format!(
+                        "{}{{{}}}",
+                        self.application,
+                        labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    );
+                    let hz = if meta.period > 0 {
+                        1_000_000_000 / meta.period
+                    } else {
+                        0
+                    };
+                    let uri = format!(
+                        "{base}/ingest?name={}&from={from_s}&until={until_s}&format=pprof&spyName=slotprof&sampleRate={hz}",
+                        percent_encode(&name)
+                    );
+                    let (content_type, body) = multipart(&gz);
+                    (uri.parse(), content_type, body)
+                }
+                Kind::Otlp { uri } => {
+                    let body = match &otlp_body {
+                        Some(b) => b.clone(),
+                        None => {
+                            let Ok(p) = pprof::decode_gzip(&gz) else { continue };
+                            let mut resource: Vec<(&str, String)> = vec![
+                                ("service.name", self.application.clone()),
+                                ("host.name", hostname()),
+                            ];
+                            for (k, v) in &labels {
+                                match k.as_str() {
+                                    "hostname" => {}
+                                    "identity" => {
+                                        resource.push(("service.instance.id", v.clone()));
+                                        resource.push(("solana.identity", v.clone()));
+                                    }
+                                    k => resource.push((k, v.clone())),
+                                }
+                            }
+                            let r = flamegraphs::otlp::request(
+                                &p,
+                                &resource,
+                                ("slotprof", env!("CARGO_PKG_VERSION")),
+                            );
+                            let b = Bytes::from(flamegraphs::otlp::encode(&r));
+                            otlp_body = Some(b.clone());
+                            b
+                        }
+                    };
+                    (Ok(uri.clone()), "application/x-protobuf".to_string(), body)
+                }
+            };
+            let Ok(uri) = uri else {
+                ep.stats.dropped.fetch_add(1, Relaxed);
+                continue;
+            };
+            ep.enqueue(Item {
+                seq: 0,
+                uri,
+                content_type,
+                body,
+                slots: batch.slots,
+            });
+        }
+    }
+
+    /// Waits up to `within` for the queues to empty (at the end of a
+    /// session or the daemon), then stops the senders; what is still
+    /// queued is counted dropped and said.
+    pub async fn drain(mut self, within: Duration) {
+        self.flush();
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline && !self.endpoints.iter().all(|(e, _)| e.idle()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        for (ep, _) in &self.endpoints {
+            let left = {
+                let mut q = ep.queue.lock().unwrap();
+                let n = q.items.len() as u64;
+                q.items.clear();
+                q.bytes = 0;
+                n
+            };
+            ep.stats.queued.store(0, Relaxed);
+            ep.stats.queued_bytes.store(0, Relaxed);
+            if left > 0 {
+                ep.stats.dropped.fetch_add(left, Relaxed);
+                eprintln!(
+                    "slotprof: push to {} {}: {left} batches not sent within {:?} of stopping; dropped",
+                    ep.stats.endpoint, ep.stats.url, within
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Pusher {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl SlotExport for Pusher {
+    fn slot(&mut self, r: &SlotResult<'_>) -> anyhow::Result<()> {
+        let slot = r.slot;
+        if self
+            .batch
+            .as_ref()
+            .is_some_and(|b| slot.start_ns >= b.start_ns.saturating_add(self.every_ns))
+        {
+            self.flush();
+        }
+        let batch = self.batch.get_or_insert_with(|| Batch {
+            b: pprof::Builder::new(&pprof_types()),
+            meta: r.meta.clone(),
+            start_ns: slot.start_ns,
+            end_ns: slot.end_ns,
+            slots: (slot.number, slot.number),
+        });
+        let labels = SlotLabels::of(slot, r.phase).labels();
+        add_rows(&mut batch.b, &r.profiles.rows, r.meta.period.max(0), &labels);
+        batch.end_ns = batch.end_ns.max(slot.end_ns);
+        batch.slots.1 = slot.number;
+        Ok(())
+    }
+
+    fn finish(&mut self, _meta: &ProfileMeta) -> anyhow::Result<()> {
+        self.flush();
+        Ok(())
+    }
+}
+
+/// Bytes as people read them.
+fn size(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+/// A process name as a label value.
+fn sanitized(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if valid_value(&c.to_string()) { c } else { '_' })
+        .collect();
+    if s.is_empty() {
+        "slotprof".into()
+    } else {
+        s
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| valid_value(h))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Pyroscope's pprof upload: a multipart form with the gzipped profile in
+/// its `profile` field. The content type and the body.
+fn multipart(profile: &[u8]) -> (String, Bytes) {
+    // A boundary that cannot occur in the profile: gzip output is random
+    // bytes, so check.
+    let mut n: u64 = crate::sys::random_u64().unwrap_or_else(crate::sys::unix_ns);
+    let boundary = loop {
+        let b = format!("slotprof-{n:016x}");
+        if !profile.windows(b.len()).any(|w| w == b.as_bytes()) {
+            break b;
+        }
+        n = n.wrapping_mul(6364136223846793005).wrapping_add(1);
+    };
+    let mut body = Vec::with_capacity(profile.len() + 256);
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n\
+             Content-Type: application/octet-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(profile);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (
+        format!("multipart/form-data; boundary={boundary}"),
+        Bytes::from(body),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(limit: u64) -> Endpoint {
+        Endpoint {
+            stats: Arc::new(Stats::new("otlp", "http://x".into(), limit)),
+            queue: Mutex::new(Queue::default()),
+            wake: tokio::sync::Notify::new(),
+            busy: AtomicBool::new(false),
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn item(len: usize, slot: u64) -> Item {
+        Item {
+            seq: 0,
+            uri: "http://x/".parse().unwrap(),
+            content_type: String::new(),
+            body: Bytes::from(vec![0u8; len]),
+            slots: (slot, slot),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_batches_and_stays_within_its_bound() {
+        let ep = endpoint(1000);
+        for s in 0..10 {
+            ep.enqueue(item(300, s));
+            assert!(ep.stats.queued_bytes.load(Relaxed) <= 1000);
+        }
+        assert_eq!(ep.stats.queued.load(Relaxed), 3);
+        assert_eq!(ep.stats.dropped.load(Relaxed), 7);
+        // The newest are kept.
+        let first = ep.front().unwrap();
+        assert_eq!(first.slots, (7, 7));
+        // A batch larger than the whole queue is dropped at once.
+        ep.enqueue(item(2000, 99));
+        assert_eq!(ep.stats.dropped.load(Relaxed), 8);
+        assert_eq!(ep.stats.queued.load(Relaxed), 3);
+        // Removing what the bound already dropped does nothing.
+        assert!(!ep.remove(0));
+        assert!(ep.remove(first.seq));
+        assert_eq!(ep.stats.queued_bytes.load(Relaxed), 600);
+    }
+
+    #[test]
+    fn urls_and_labels_are_checked_with_what_to_do() {
+        assert!(parse_url("push.pyroscope", "http://127.0.0.1:4040").is_ok());
+        let e = parse_url("push.otlp", "https://x:4318").unwrap_err().to_string();
+        assert!(e.contains("Alloy") && e.contains("Collector"), "{e}");
+        assert!(parse_url("push.otlp", "ftp://x").is_err());
+        assert!(parse_url("push.otlp", "http://x:1/?a=b").is_err());
+        let mut c = PushConfig {
+            labels: vec![("cluster".into(), "mainnet".into())],
+            ..Default::default()
+        };
+        assert!(c.check().is_ok());
+        c.labels = vec![("9x".into(), "a".into())];
+        assert!(c.check().unwrap_err().to_string().contains("label name"));
+        c.labels = vec![("x".into(), "a,b".into())];
+        assert!(c.check().is_err());
+        c.labels.clear();
+        c.every = Duration::from_millis(10);
+        assert!(c.check().unwrap_err().to_string().contains("push.every"));
+    }
+
+    #[test]
+    fn the_multipart_body_carries_the_profile_whole_under_its_boundary() {
+        let profile = b"\x1f\x8b--slotprof-\r\n\x00binary".to_vec();
+        let (ct, body) = multipart(&profile);
+        let boundary = ct.strip_prefix("multipart/form-data; boundary=").unwrap();
+        let text = body.to_vec();
+        let start = text.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let end = text.len() - format!("\r\n--{boundary}--\r\n").len();
+        assert_eq!(&text[start..end], &profile[..]);
+        assert!(String::from_utf8_lossy(&text[..start]).contains("name=\"profile\""));
+        assert_eq!(percent_encode("a{b=c,d}"), "a%7Bb%3Dc%2Cd%7D");
+    }
+}

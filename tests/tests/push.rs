@@ -1,0 +1,791 @@
+//! `slotprof run` pushing to a fleet's profiling backend, against local
+//! receivers that decode what arrives with the published formats:
+//! Pyroscope's ingest request (`POST /ingest?name=...&from=...&until=...
+//! &format=pprof`, the gzipped pprof in a multipart form's `profile`
+//! field) and OTLP profiles over HTTP (`ExportProfilesServiceRequest`,
+//! decoded with the OpenTelemetry proto package's messages).
+//!
+//! What arrives must equal what was written to disk: every slot's
+//! samples (by profile type, stack, thread, CPU, slot, leader) in the
+//! pushed profiles are exactly those of its `slots/<n>/profile.pb.gz`.
+//! Receivers that are down, slow (10 s a request) or fail (500) for a
+//! while must leave profiling as it was: the same slots exported, the
+//! queues within their bound, the counts in /metrics.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use common::*;
+use opentelemetry_proto::tonic::{
+    collector::profiles::v1development::ExportProfilesServiceRequest, common::v1::any_value,
+};
+use prost014::Message;
+use slotprof_tests::http_receiver::{HttpReceiver, Request};
+
+/// (slot, profile type, stack, labels) -> value.
+type Content = BTreeMap<(i64, String, Vec<String>, Vec<String>), i64>;
+
+fn label_text(key: &str, value: String, unit: &str) -> String {
+    if unit.is_empty() {
+        format!("{key}={value}")
+    } else {
+        format!("{key}={value}[{unit}]")
+    }
+}
+
+/// A pprof profile's samples as [`Content`] (a sample without a slot
+/// label counts as slot -1).
+fn pprof_content(p: &flamegraphs::pprof::Profile, into: &mut Content) {
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let locations: BTreeMap<u64, &pprof::protos::Location> = p.location.iter().map(|l| (l.id, l)).collect();
+    let functions: BTreeMap<u64, String> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
+    let mappings: BTreeMap<u64, String> = p.mapping.iter().map(|m| (m.id, s(m.filename))).collect();
+    for sample in &p.sample {
+        let mut stack = Vec::new();
+        for id in &sample.location_id {
+            let l = locations[id];
+            if l.line.is_empty() {
+                stack.push(format!(
+                    "{:#x}@{}",
+                    l.address,
+                    mappings.get(&l.mapping_id).cloned().unwrap_or_default()
+                ));
+            }
+            stack.extend(l.line.iter().map(|line| functions[&line.function_id].clone()));
+        }
+        let mut slot = -1;
+        let mut labels: Vec<String> = sample
+            .label
+            .iter()
+            .map(|l| {
+                if s(l.key) == "slot" {
+                    slot = l.num;
+                }
+                let v = if l.str != 0 { s(l.str) } else { l.num.to_string() };
+                label_text(&s(l.key), v, &s(l.num_unit))
+            })
+            .collect();
+        labels.sort();
+        for (i, t) in p.sample_type.iter().enumerate() {
+            let v = sample.value[i];
+            if v != 0 {
+                *into
+                    .entry((
+                        slot,
+                        format!("{}/{}", s(t.ty), s(t.unit)),
+                        stack.clone(),
+                        labels.clone(),
+                    ))
+                    .or_default() += v;
+            }
+        }
+    }
+}
+
+/// An OTLP request's samples as [`Content`]; checks the dictionary's
+/// zero entries on the way.
+fn otlp_content(r: &ExportProfilesServiceRequest, into: &mut Content) {
+    let d = r.dictionary.as_ref().expect("a dictionary");
+    assert_eq!(d.string_table[0], "", "string_table[0] must be \"\"");
+    assert_eq!(
+        d.stack_table[0].location_indices.len(),
+        0,
+        "stack_table[0] must be empty"
+    );
+    let s = |i: i32| d.string_table[i as usize].clone();
+    for rp in &r.resource_profiles {
+        for sp in &rp.scope_profiles {
+            for p in &sp.profiles {
+                let t = p.sample_type.expect("a sample type");
+                let ty = format!("{}/{}", s(t.type_strindex), s(t.unit_strindex));
+                for sample in &p.samples {
+                    let mut stack = Vec::new();
+                    for &li in &d.stack_table[sample.stack_index as usize].location_indices {
+                        let l = &d.location_table[li as usize];
+                        if l.lines.is_empty() {
+                            let m = &d.mapping_table[l.mapping_index as usize];
+                            stack.push(format!("{:#x}@{}", l.address, s(m.filename_strindex)));
+                        }
+                        stack.extend(
+                            l.lines
+                                .iter()
+                                .map(|line| s(d.function_table[line.function_index as usize].name_strindex)),
+                        );
+                    }
+                    let mut slot = -1;
+                    let mut labels: Vec<String> = sample
+                        .attribute_indices
+                        .iter()
+                        .map(|&a| {
+                            let a = &d.attribute_table[a as usize];
+                            let v = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(any_value::Value::StringValue(v)) => v.clone(),
+                                Some(any_value::Value::IntValue(n)) => {
+                                    if s(a.key_strindex) == "slot" {
+                                        slot = *n;
+                                    }
+                                    n.to_string()
+                                }
+                                other => panic!("an attribute of an unexpected kind: {other:?}"),
+                            };
+                            label_text(&s(a.key_strindex), v, &s(a.unit_strindex))
+                        })
+                        .collect();
+                    labels.sort();
+                    assert_eq!(sample.values.len(), 1);
+                    *into.entry((slot, ty.clone(), stack, labels)).or_default() += sample.values[0];
+                }
+            }
+        }
+    }
+}
+
+/// Every slot's profile on disk as [`Content`].
+fn disk_content(export: &Path) -> (Content, Vec<i64>) {
+    let mut c = Content::new();
+    let mut slots = Vec::new();
+    for e in std::fs::read_dir(export.join("slots")).unwrap().flatten() {
+        let Ok(n) = e.file_name().to_string_lossy().parse::<i64>() else {
+            continue;
+        };
+        slots.push(n);
+        let p =
+            flamegraphs::pprof::decode_gzip(&std::fs::read(e.path().join("profile.pb.gz")).unwrap()).unwrap();
+        pprof_content(&p, &mut c);
+    }
+    slots.sort();
+    (c, slots)
+}
+
+/// The gzipped pprof in a Pyroscope ingest request's multipart `profile`
+/// field.
+fn multipart_profile(req: &Request) -> Vec<u8> {
+    let ct = req.header("content-type").expect("a content type");
+    let boundary = ct
+        .split(';')
+        .find_map(|p| p.trim().strip_prefix("boundary="))
+        .unwrap_or_else(|| panic!("a multipart form, got {ct}"));
+    let delimiter = format!("--{boundary}");
+    let body = &req.body;
+    let find = |from: usize, what: &[u8]| {
+        body[from..]
+            .windows(what.len())
+            .position(|w| w == what)
+            .map(|i| i + from)
+    };
+    let mut at = find(0, delimiter.as_bytes()).expect("the first boundary");
+    loop {
+        let head_start = at + delimiter.len() + 2;
+        let head_end = find(head_start, b"\r\n\r\n").expect("a part's head");
+        let head = String::from_utf8_lossy(&body[head_start..head_end]).to_string();
+        let next = find(head_end, format!("\r\n{delimiter}").as_bytes()).expect("the part's end");
+        if head.contains("name=\"profile\"") {
+            return body[head_end + 4..next].to_vec();
+        }
+        at = next + 2;
+        assert!(
+            !body[at + delimiter.len()..].starts_with(b"--"),
+            "no `profile` field"
+        );
+    }
+}
+
+/// What a Pyroscope receiver got, checked request by request: the path,
+/// the query (application and series labels, no slot among them), the
+/// form; the profiles' content.
+fn pyroscope_content(reqs: &[(Request, u16)], identity: &str) -> Content {
+    let mut c = Content::new();
+    for (req, status) in reqs.iter().filter(|(_, s)| *s == 200) {
+        let _ = status;
+        assert_eq!(
+            (req.method.as_str(), req.path()),
+            ("POST", "/ingest"),
+            "{}",
+            req.target
+        );
+        let name = req.query("name").expect("name=");
+        assert!(
+            name.starts_with("synthetic-validator{") && name.ends_with('}'),
+            "the application and its series labels: {name}"
+        );
+        for want in [
+            format!("identity={identity}"),
+            "cluster=e2e".to_string(),
+            format!(
+                "hostname={}",
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .unwrap()
+                    .trim()
+            ),
+            "slotprof_version=".to_string(),
+        ] {
+            assert!(name.contains(&want), "{want} is not in {name}");
+        }
+        assert!(
+            !name.contains("slot="),
+            "a slot is a sample label, never a series label: {name}"
+        );
+        assert_eq!(req.query("format").as_deref(), Some("pprof"));
+        let (from, until): (u64, u64) = (
+            req.query("from").unwrap().parse().unwrap(),
+            req.query("until").unwrap().parse().unwrap(),
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            from < until && until <= now + 1 && from + 3600 > now,
+            "from {from} until {until} (now {now})"
+        );
+        let p = flamegraphs::pprof::decode_gzip(&multipart_profile(req)).expect("a gzipped pprof profile");
+        assert!(p.time_nanos > 0 && p.duration_nanos > 0);
+        pprof_content(&p, &mut c);
+    }
+    c
+}
+
+/// What an OTLP receiver got, checked request by request: path, content
+/// type, the node's resource attributes; the profiles' content.
+fn otlp_received(reqs: &[(Request, u16)], identity: &str) -> Content {
+    let mut c = Content::new();
+    for (req, _) in reqs.iter().filter(|(_, s)| *s == 200) {
+        assert_eq!(
+            (req.method.as_str(), req.path()),
+            ("POST", "/v1development/profiles")
+        );
+        assert_eq!(req.header("content-type"), Some("application/x-protobuf"));
+        let r = ExportProfilesServiceRequest::decode(&req.body[..]).expect("an ExportProfilesServiceRequest");
+        let attrs: BTreeMap<String, String> = r.resource_profiles[0]
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .map(|kv| {
+                let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(any_value::Value::StringValue(s)) => s.clone(),
+                    other => format!("{other:?}"),
+                };
+                (kv.key.clone(), v)
+            })
+            .collect();
+        assert_eq!(
+            attrs.get("service.name").map(String::as_str),
+            Some("synthetic-validator"),
+            "{attrs:?}"
+        );
+        assert_eq!(
+            attrs.get("service.instance.id").map(String::as_str),
+            Some(identity),
+            "{attrs:?}"
+        );
+        assert!(attrs.contains_key("host.name"), "{attrs:?}");
+        assert_eq!(attrs.get("cluster").map(String::as_str), Some("e2e"), "{attrs:?}");
+        otlp_content(&r, &mut c);
+    }
+    c
+}
+
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    let text = http_get(port, "/metrics");
+    let s = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    s.samples
+        .into_iter()
+        .filter(|x| {
+            x.metric.starts_with("slotprof_push")
+                || x.metric.starts_with("slotprof_slots_")
+                || x.metric == "process_resident_memory_bytes"
+                || x.metric == "slotprof_target_attached"
+        })
+        .map(|x| {
+            let mut labels: Vec<String> = x
+                .labels
+                .iter()
+                .filter(|(k, _)| *k != "url")
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            labels.sort();
+            let v = match x.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            };
+            (format!("{}{{{}}}", x.metric, labels.join(",")), v)
+        })
+        .collect()
+}
+
+fn metric(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key)
+        .unwrap_or_else(|| panic!("{key} is not in /metrics: {m:#?}"))
+}
+
+/// The slots the synthetic validator ran, but its last (the RPC never
+/// sees it end).
+fn truth_slots(dir: &Path) -> Vec<i64> {
+    let truth = read_json(&dir.join("truth.json"));
+    let slots: Vec<i64> = truth["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["slot"].as_i64().unwrap())
+        .collect();
+    slots[..slots.len() - 1].to_vec()
+}
+
+/// Every slot the validator ran is on disk (after it exits, the RPC
+/// source may add a slot or two it estimates: those are exported too).
+fn assert_slots_exported(test: &str, on_disk: &[i64], expected: &[i64]) {
+    let missing: Vec<i64> = expected
+        .iter()
+        .filter(|s| !on_disk.contains(s))
+        .copied()
+        .collect();
+    assert!(
+        row(
+            test,
+            "the validator's slots exported to disk",
+            &format!(
+                "{} of {} ({} in all)",
+                expected.len() - missing.len(),
+                expected.len(),
+                on_disk.len()
+            ),
+            "all",
+            missing.is_empty()
+        ),
+        "profiling changed: slots {missing:?} were not exported"
+    );
+}
+
+/// The synthetic validator's identity, as its RPC fixture gives it
+/// (None while it is not up yet).
+fn identity_of(rpc: u16) -> Option<String> {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"getIdentity"}"#;
+    let r = http_exchange(
+        rpc,
+        &format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )?;
+    let json: serde_json::Value = serde_json::from_str(r.split_once("\r\n\r\n")?.1).ok()?;
+    Some(json["result"]["identity"].as_str()?.to_string())
+}
+
+/// /metrics, when it answers.
+fn try_scrape(port: u16) -> Option<BTreeMap<String, f64>> {
+    http_exchange(
+        port,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .filter(|r| r.starts_with("HTTP/1.1 200"))?;
+    Some(scrape(port))
+}
+
+/// One `slotprof run` session over `slots` slots with `[push]` set to
+/// `push`: scrapes /metrics while the validator runs and until the target
+/// is detached and the queues are empty (or `settle` passed); returns the
+/// scrapes, the identity, the truth's slots, and what slotprof said.
+struct Session {
+    scrapes: Vec<BTreeMap<String, f64>>,
+    identity: String,
+    expected: Vec<i64>,
+    said: String,
+    export: std::path::PathBuf,
+}
+
+fn session(test: &str, slots: u32, push: &str, settle: Duration) -> Session {
+    let dir = scratch(test);
+    let export = dir.join("export");
+    let (rpc, metrics) = (free_port_pair(), free_port());
+    let config = write_config(
+        &dir,
+        &format!(
+            "{}[push]\n{push}\n[push.labels]\ncluster = \"e2e\"\n",
+            config_text(rpc, metrics, &export, "full = \"all\"")
+        ),
+    );
+    let mut validator = start_validator(&dir, rpc, slots, &[]);
+    let mut daemon = Daemon::start(&config, &dir);
+    let mut scrapes = Vec::new();
+    let mut identity = None;
+    while validator.try_wait().unwrap().is_none() {
+        if identity.is_none() {
+            identity = identity_of(rpc);
+        }
+        if let Some(m) = try_scrape(metrics) {
+            scrapes.push(m);
+        }
+        assert!(daemon.running(), "slotprof run died");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let until = Instant::now() + settle;
+    loop {
+        let m = scrape(metrics);
+        let detached = m.get("slotprof_target_attached{}") == Some(&0.0);
+        let empty = m
+            .iter()
+            .filter(|(k, _)| k.starts_with("slotprof_push_queue_bytes"))
+            .all(|(_, v)| *v == 0.0);
+        scrapes.push(m);
+        if (detached && empty) || Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "slotprof run exited with {status}");
+    Session {
+        scrapes,
+        identity: identity.expect("the fixture's identity"),
+        expected: truth_slots(&dir),
+        said,
+        export,
+    }
+}
+
+fn receiver(status: u16, delay: Duration) -> HttpReceiver {
+    HttpReceiver::start(Box::new(move |_| (status, delay))).unwrap()
+}
+
+/// Keys of a scrape for one endpoint's metric.
+fn key(metric: &str, endpoint: &str, result: Option<&str>) -> String {
+    match result {
+        Some(r) => format!("{metric}{{endpoint={endpoint},result={r}}}"),
+        None => format!("{metric}{{endpoint={endpoint}}}"),
+    }
+}
+
+/// The slots of a content.
+fn slots_of(c: &Content) -> Vec<i64> {
+    let mut s: Vec<i64> = c.keys().map(|k| k.0).collect();
+    s.dedup();
+    s
+}
+
+/// The part of `c` in `slots`.
+fn only(c: &Content, slots: &[i64]) -> Content {
+    c.iter()
+        .filter(|(k, _)| slots.contains(&k.0))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
+    let Some(_k) = kernel() else { return };
+    let test = "pushed_profiles_equal_each_slot_on_disk";
+    let (pyro, otlp) = (receiver(200, Duration::ZERO), receiver(200, Duration::ZERO));
+    let s = session(
+        "push-healthy",
+        30,
+        &format!(
+            "pyroscope = \"http://127.0.0.1:{}\"\notlp = \"http://127.0.0.1:{}\"\nevery = \"2s\"",
+            pyro.port, otlp.port
+        ),
+        Duration::from_secs(30),
+    );
+    let (disk, on_disk) = disk_content(&s.export);
+    assert_slots_exported(test, &on_disk, &s.expected);
+    let (pyro_reqs, otlp_reqs) = (pyro.requests(), otlp.requests());
+    let pushed = pyroscope_content(&pyro_reqs, &s.identity);
+    let otlp_got = otlp_received(&otlp_reqs, &s.identity);
+    let sizes: Vec<usize> = pyro_reqs.iter().map(|(r, _)| r.body.len()).collect();
+    eprintln!(
+        "{} Pyroscope requests ({sizes:?} bytes), {} OTLP requests; {} slots, {} (slot, type, stack, labels) keys on disk",
+        pyro_reqs.len(),
+        otlp_reqs.len(),
+        on_disk.len(),
+        disk.len()
+    );
+    let last = s.scrapes.last().unwrap();
+    for (ep, reqs) in [("pyroscope", &pyro_reqs), ("otlp", &otlp_reqs)] {
+        let n = metric(last, &key("slotprof_push_batches_total", ep, Some("pushed")));
+        assert!(
+            row(
+                test,
+                &format!("{ep}: batches pushed (metrics) = requests received"),
+                &format!("{n} vs {}", reqs.len()),
+                "equal",
+                n == reqs.len() as f64
+            ),
+            "{ep}: /metrics says {n} pushed, the receiver got {}",
+            reqs.len()
+        );
+        for r in ["dropped", "rejected"] {
+            assert_eq!(
+                metric(last, &key("slotprof_push_batches_total", ep, Some(r))),
+                0.0,
+                "{ep} {r}"
+            );
+        }
+        assert_eq!(
+            metric(last, &key("slotprof_push_failed_attempts_total", ep, None)),
+            0.0,
+            "{ep}"
+        );
+    }
+    assert!(
+        pyro_reqs.len() >= 4,
+        "a batch every 2 s of 12 s of slots: {} requests",
+        pyro_reqs.len()
+    );
+    assert_eq!(slots_of(&pushed), on_disk, "the slots pushed to Pyroscope");
+    assert!(
+        row(
+            test,
+            "Pyroscope: every slot's samples equal its profile on disk",
+            &format!("{} keys vs {}", pushed.len(), disk.len()),
+            "equal",
+            pushed == disk
+        ),
+        "what Pyroscope got differs from the disk: only pushed {:?}, only on disk {:?}",
+        pushed
+            .iter()
+            .filter(|(k, v)| disk.get(k) != Some(v))
+            .take(5)
+            .collect::<Vec<_>>(),
+        disk.iter()
+            .filter(|(k, v)| pushed.get(k) != Some(v))
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        row(
+            test,
+            "OTLP: every slot's samples equal its profile on disk",
+            &format!("{} keys vs {}", otlp_got.len(), disk.len()),
+            "equal",
+            otlp_got == disk
+        ),
+        "what the OTLP receiver got differs from the disk: only pushed {:?}, only on disk {:?}",
+        otlp_got
+            .iter()
+            .filter(|(k, v)| disk.get(k) != Some(v))
+            .take(5)
+            .collect::<Vec<_>>(),
+        disk.iter()
+            .filter(|(k, v)| otlp_got.get(k) != Some(v))
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    // The samples carry their thread and CPU, and on-CPU time is there.
+    assert!(disk
+        .keys()
+        .any(|k| k.1 == "cpu/nanoseconds" && k.3.iter().any(|l| l.starts_with("cpu="))));
+    assert!(disk
+        .keys()
+        .any(|k| k.3.iter().any(|l| l == "thread_name=bank-loop")));
+    assert!(
+        !s.said.contains("push to"),
+        "nothing to say about a healthy push: {}",
+        s.said
+    );
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_receiver_down_or_slow_costs_its_bounded_queue_and_nothing_else() {
+    let Some(_k) = kernel() else { return };
+    let test = "a_receiver_down_or_slow";
+    // Nothing listens on `down`.
+    let down = free_port();
+    let slow = receiver(200, Duration::from_secs(10));
+    let queue = 4 << 10;
+    let s = session(
+        "push-down-slow",
+        30,
+        &format!(
+            "pyroscope = \"http://127.0.0.1:{down}\"\notlp = \"http://127.0.0.1:{}\"\nevery = \"1s\"\nqueue = \"4KiB\"\ntimeout = \"30s\"",
+            slow.port
+        ),
+        Duration::from_secs(3),
+    );
+    let (disk, on_disk) = disk_content(&s.export);
+    assert_slots_exported(test, &on_disk, &s.expected);
+    let last = s.scrapes.last().unwrap();
+    assert_eq!(
+        metric(last, "slotprof_slots_not_exported_total{reason=write_failed}"),
+        0.0
+    );
+    // The queues never held more than their bound.
+    let peak = |ep: &str| {
+        s.scrapes
+            .iter()
+            .filter_map(|m| m.get(&key("slotprof_push_queue_bytes", ep, None)).copied())
+            .fold(0.0, f64::max)
+    };
+    for ep in ["pyroscope", "otlp"] {
+        assert_eq!(
+            metric(last, &key("slotprof_push_queue_limit_bytes", ep, None)),
+            queue as f64
+        );
+        assert!(
+            row(
+                test,
+                &format!("{ep}: peak queue bytes"),
+                &format!("{}", peak(ep)),
+                &format!("<= {queue}"),
+                peak(ep) <= queue as f64
+            ),
+            "{ep}'s queue held {} bytes, over its bound {queue}",
+            peak(ep)
+        );
+    }
+    // Down: every attempt failed, nothing pushed; the queue filled and
+    // dropped its oldest.
+    let failed = metric(
+        last,
+        &key("slotprof_push_failed_attempts_total", "pyroscope", None),
+    );
+    let pushed = metric(
+        last,
+        &key("slotprof_push_batches_total", "pyroscope", Some("pushed")),
+    );
+    let dropped = metric(
+        last,
+        &key("slotprof_push_batches_total", "pyroscope", Some("dropped")),
+    );
+    assert!(
+        row(
+            test,
+            "down: failed attempts, pushed, dropped",
+            &format!("{failed}, {pushed}, {dropped}"),
+            ">= 3, 0, >= 1",
+            failed >= 3.0 && pushed == 0.0 && dropped >= 1.0
+        ),
+        "down: {failed} failed attempts, {pushed} pushed, {dropped} dropped"
+    );
+    let said_down = s
+        .said
+        .matches(&format!("push to pyroscope http://127.0.0.1:{down}/ failed"))
+        .count();
+    assert_eq!(said_down, 1, "the failure is said once: {}", s.said);
+    // Slow: the receiver took a batch every 10 s; what it took equals
+    // the disk for its slots.
+    let got = slow.requests();
+    let otlp_got = otlp_received(&got, &s.identity);
+    let pushed_slots = slots_of(&otlp_got);
+    let otlp_pushed = metric(last, &key("slotprof_push_batches_total", "otlp", Some("pushed")));
+    assert!(
+        row(
+            test,
+            "slow: batches taken",
+            &format!("{} (metrics {otlp_pushed})", got.len()),
+            ">= 1",
+            !got.is_empty()
+        ),
+        "the slow receiver got nothing"
+    );
+    assert!(!pushed_slots.is_empty());
+    assert_eq!(
+        otlp_got,
+        only(&disk, &pushed_slots),
+        "what the slow receiver took differs from the disk"
+    );
+    let rss_mib = |m: &BTreeMap<String, f64>| {
+        m.get("process_resident_memory_bytes{}").copied().unwrap_or(0.0) / (1 << 20) as f64
+    };
+    let peak_rss = s.scrapes.iter().map(rss_mib).fold(0.0, f64::max);
+    eprintln!(
+        "down: {failed} failed attempts, {dropped} batches dropped, peak queue {} bytes; slow: {} taken, slots {:?}; peak RSS {peak_rss:.1} MiB",
+        peak("pyroscope"),
+        got.len(),
+        pushed_slots
+    );
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_receiver_failing_for_a_while_gets_every_slot_when_it_recovers() {
+    let Some(_k) = kernel() else { return };
+    let test = "a_receiver_failing_for_a_while";
+    // `SLOTPROF_PUSH_OUTAGE_S=300` is the 5-minute check (outside CI).
+    let outage = std::env::var("SLOTPROF_PUSH_OUTAGE_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15u64);
+    let started = Instant::now();
+    let failing = HttpReceiver::start(Box::new(move |_| {
+        if started.elapsed() < Duration::from_secs(outage) {
+            (500, Duration::ZERO)
+        } else {
+            (200, Duration::ZERO)
+        }
+    }))
+    .unwrap();
+    // Slots through the outage and a little past it.
+    let slots = (outage * 5 / 2) as u32 + 10;
+    let s = session(
+        "push-failing",
+        slots,
+        &format!(
+            "pyroscope = \"http://127.0.0.1:{0}\"\notlp = \"http://127.0.0.1:{0}\"\nevery = \"2s\"",
+            failing.port
+        ),
+        // Backoff doubles to 60 s: the retry after the outage comes within a minute.
+        Duration::from_secs(90),
+    );
+    let (disk, on_disk) = disk_content(&s.export);
+    assert_slots_exported(test, &on_disk, &s.expected);
+    let reqs = failing.requests();
+    let (ok, failed): (Vec<_>, Vec<_>) = reqs.iter().cloned().partition(|(_, st)| *st == 200);
+    let pyro: Vec<_> = ok
+        .iter()
+        .filter(|(r, _)| r.path() == "/ingest")
+        .cloned()
+        .collect();
+    let otlp: Vec<_> = ok
+        .iter()
+        .filter(|(r, _)| r.path() != "/ingest")
+        .cloned()
+        .collect();
+    let last = s.scrapes.last().unwrap();
+    let attempts_failed: f64 = ["pyroscope", "otlp"]
+        .iter()
+        .map(|ep| metric(last, &key("slotprof_push_failed_attempts_total", ep, None)))
+        .sum();
+    assert!(
+        row(
+            test,
+            "failed attempts (metrics) = 500s answered",
+            &format!("{attempts_failed} vs {}", failed.len()),
+            "equal, > 0",
+            attempts_failed == failed.len() as f64 && !failed.is_empty()
+        ),
+        "{attempts_failed} failed attempts in /metrics, the receiver answered {} with 500",
+        failed.len()
+    );
+    for ep in ["pyroscope", "otlp"] {
+        assert_eq!(
+            metric(last, &key("slotprof_push_batches_total", ep, Some("dropped"))),
+            0.0,
+            "{ep}"
+        );
+    }
+    let pushed = pyroscope_content(&pyro, &s.identity);
+    let otlp_got = otlp_received(&otlp, &s.identity);
+    assert!(
+        row(test, &format!("after {outage} s of 500s: every slot pushed, equal to disk"), &format!("{} and {} slots of {}", slots_of(&pushed).len(), slots_of(&otlp_got).len(), on_disk.len()), "all, equal", pushed == disk && otlp_got == disk),
+        "after the outage the pushed profiles differ from the disk: Pyroscope slots {:?}, OTLP slots {:?}, disk {:?}",
+        slots_of(&pushed),
+        slots_of(&otlp_got),
+        on_disk
+    );
+    assert!(s.said.contains("works again"), "the recovery is said: {}", s.said);
+    eprintln!(
+        "{} requests answered 500 over {outage} s, then {} Pyroscope and {} OTLP batches taken",
+        failed.len(),
+        pyro.len(),
+        otlp.len()
+    );
+}
