@@ -14,318 +14,17 @@
 
 mod common;
 
+/// The application name slotprof pushes for the synthetic validator.
+const APP: &str = "synthetic-validator";
+
 use std::{
     collections::BTreeMap,
     path::Path,
     time::{Duration, Instant},
 };
 
-use common::*;
-use opentelemetry_proto::tonic::{
-    collector::profiles::v1development::ExportProfilesServiceRequest, common::v1::any_value,
-};
-use prost014::Message;
-use slotprof_tests::http_receiver::{HttpReceiver, Request};
-
-/// (slot, profile type, stack, labels) -> value.
-type Content = BTreeMap<(i64, String, Vec<String>, Vec<String>), i64>;
-
-fn label_text(key: &str, value: String, unit: &str) -> String {
-    if unit.is_empty() {
-        format!("{key}={value}")
-    } else {
-        format!("{key}={value}[{unit}]")
-    }
-}
-
-/// A pprof profile's samples as [`Content`] (a sample without a slot
-/// label counts as slot -1).
-fn pprof_content(p: &flamegraphs::pprof::Profile, into: &mut Content) {
-    let s = |i: i64| p.string_table[i as usize].clone();
-    let locations: BTreeMap<u64, &pprof::protos::Location> = p.location.iter().map(|l| (l.id, l)).collect();
-    let functions: BTreeMap<u64, String> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
-    let mappings: BTreeMap<u64, String> = p.mapping.iter().map(|m| (m.id, s(m.filename))).collect();
-    for sample in &p.sample {
-        let mut stack = Vec::new();
-        for id in &sample.location_id {
-            let l = locations[id];
-            if l.line.is_empty() {
-                stack.push(format!(
-                    "{:#x}@{}",
-                    l.address,
-                    mappings.get(&l.mapping_id).cloned().unwrap_or_default()
-                ));
-            }
-            stack.extend(l.line.iter().map(|line| functions[&line.function_id].clone()));
-        }
-        let mut slot = -1;
-        let mut labels: Vec<String> = sample
-            .label
-            .iter()
-            .map(|l| {
-                if s(l.key) == "slot" {
-                    slot = l.num;
-                }
-                let v = if l.str != 0 { s(l.str) } else { l.num.to_string() };
-                label_text(&s(l.key), v, &s(l.num_unit))
-            })
-            .collect();
-        labels.sort();
-        for (i, t) in p.sample_type.iter().enumerate() {
-            let v = sample.value[i];
-            if v != 0 {
-                *into
-                    .entry((
-                        slot,
-                        format!("{}/{}", s(t.ty), s(t.unit)),
-                        stack.clone(),
-                        labels.clone(),
-                    ))
-                    .or_default() += v;
-            }
-        }
-    }
-}
-
-/// An OTLP request's samples as [`Content`]; checks the dictionary's
-/// zero entries on the way.
-fn otlp_content(r: &ExportProfilesServiceRequest, into: &mut Content) {
-    let d = r.dictionary.as_ref().expect("a dictionary");
-    assert_eq!(d.string_table[0], "", "string_table[0] must be \"\"");
-    assert_eq!(
-        d.stack_table[0].location_indices.len(),
-        0,
-        "stack_table[0] must be empty"
-    );
-    let s = |i: i32| d.string_table[i as usize].clone();
-    for rp in &r.resource_profiles {
-        for sp in &rp.scope_profiles {
-            for p in &sp.profiles {
-                let t = p.sample_type.expect("a sample type");
-                let ty = format!("{}/{}", s(t.type_strindex), s(t.unit_strindex));
-                for sample in &p.samples {
-                    let mut stack = Vec::new();
-                    for &li in &d.stack_table[sample.stack_index as usize].location_indices {
-                        let l = &d.location_table[li as usize];
-                        if l.lines.is_empty() {
-                            let m = &d.mapping_table[l.mapping_index as usize];
-                            stack.push(format!("{:#x}@{}", l.address, s(m.filename_strindex)));
-                        }
-                        stack.extend(
-                            l.lines
-                                .iter()
-                                .map(|line| s(d.function_table[line.function_index as usize].name_strindex)),
-                        );
-                    }
-                    let mut slot = -1;
-                    let mut labels: Vec<String> = sample
-                        .attribute_indices
-                        .iter()
-                        .map(|&a| {
-                            let a = &d.attribute_table[a as usize];
-                            let v = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
-                                Some(any_value::Value::StringValue(v)) => v.clone(),
-                                Some(any_value::Value::IntValue(n)) => {
-                                    if s(a.key_strindex) == "slot" {
-                                        slot = *n;
-                                    }
-                                    n.to_string()
-                                }
-                                other => panic!("an attribute of an unexpected kind: {other:?}"),
-                            };
-                            label_text(&s(a.key_strindex), v, &s(a.unit_strindex))
-                        })
-                        .collect();
-                    labels.sort();
-                    assert_eq!(sample.values.len(), 1);
-                    *into.entry((slot, ty.clone(), stack, labels)).or_default() += sample.values[0];
-                }
-            }
-        }
-    }
-}
-
-/// Every slot's profile on disk as [`Content`].
-fn disk_content(export: &Path) -> (Content, Vec<i64>) {
-    let mut c = Content::new();
-    let mut slots = Vec::new();
-    for e in std::fs::read_dir(export.join("slots")).unwrap().flatten() {
-        let Ok(n) = e.file_name().to_string_lossy().parse::<i64>() else {
-            continue;
-        };
-        slots.push(n);
-        let p =
-            flamegraphs::pprof::decode_gzip(&std::fs::read(e.path().join("profile.pb.gz")).unwrap()).unwrap();
-        pprof_content(&p, &mut c);
-    }
-    slots.sort();
-    (c, slots)
-}
-
-/// The gzipped pprof in a Pyroscope ingest request's multipart `profile`
-/// field.
-fn multipart_profile(req: &Request) -> Vec<u8> {
-    let ct = req.header("content-type").expect("a content type");
-    let boundary = ct
-        .split(';')
-        .find_map(|p| p.trim().strip_prefix("boundary="))
-        .unwrap_or_else(|| panic!("a multipart form, got {ct}"));
-    let delimiter = format!("--{boundary}");
-    let body = &req.body;
-    let find = |from: usize, what: &[u8]| {
-        body[from..]
-            .windows(what.len())
-            .position(|w| w == what)
-            .map(|i| i + from)
-    };
-    let mut at = find(0, delimiter.as_bytes()).expect("the first boundary");
-    loop {
-        let head_start = at + delimiter.len() + 2;
-        let head_end = find(head_start, b"\r\n\r\n").expect("a part's head");
-        let head = String::from_utf8_lossy(&body[head_start..head_end]).to_string();
-        let next = find(head_end, format!("\r\n{delimiter}").as_bytes()).expect("the part's end");
-        if head.contains("name=\"profile\"") {
-            return body[head_end + 4..next].to_vec();
-        }
-        at = next + 2;
-        assert!(
-            !body[at + delimiter.len()..].starts_with(b"--"),
-            "no `profile` field"
-        );
-    }
-}
-
-/// What a Pyroscope receiver got, checked request by request: the path,
-/// the query (application and series labels, no slot among them), the
-/// form; the profiles' content.
-fn pyroscope_content(reqs: &[(Request, u16)], identity: &str) -> Content {
-    let mut c = Content::new();
-    for (req, status) in reqs.iter().filter(|(_, s)| *s == 200) {
-        let _ = status;
-        assert_eq!(
-            (req.method.as_str(), req.path()),
-            ("POST", "/ingest"),
-            "{}",
-            req.target
-        );
-        let name = req.query("name").expect("name=");
-        assert!(
-            name.starts_with("synthetic-validator{") && name.ends_with('}'),
-            "the application and its series labels: {name}"
-        );
-        for want in [
-            format!("identity={identity}"),
-            "cluster=e2e".to_string(),
-            format!(
-                "hostname={}",
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .unwrap()
-                    .trim()
-            ),
-            "slotprof_version=".to_string(),
-        ] {
-            assert!(name.contains(&want), "{want} is not in {name}");
-        }
-        assert!(
-            !name.contains("slot="),
-            "a slot is a sample label, never a series label: {name}"
-        );
-        assert_eq!(req.query("format").as_deref(), Some("pprof"));
-        let (from, until): (u64, u64) = (
-            req.query("from").unwrap().parse().unwrap(),
-            req.query("until").unwrap().parse().unwrap(),
-        );
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        assert!(
-            from < until && until <= now + 1 && from + 3600 > now,
-            "from {from} until {until} (now {now})"
-        );
-        let p = flamegraphs::pprof::decode_gzip(&multipart_profile(req)).expect("a gzipped pprof profile");
-        assert!(p.time_nanos > 0 && p.duration_nanos > 0);
-        pprof_content(&p, &mut c);
-    }
-    c
-}
-
-/// What an OTLP receiver got, checked request by request: path, content
-/// type, the node's resource attributes; the profiles' content.
-fn otlp_received(reqs: &[(Request, u16)], identity: &str) -> Content {
-    let mut c = Content::new();
-    for (req, _) in reqs.iter().filter(|(_, s)| *s == 200) {
-        assert_eq!(
-            (req.method.as_str(), req.path()),
-            ("POST", "/v1development/profiles")
-        );
-        assert_eq!(req.header("content-type"), Some("application/x-protobuf"));
-        let r = ExportProfilesServiceRequest::decode(&req.body[..]).expect("an ExportProfilesServiceRequest");
-        let attrs: BTreeMap<String, String> = r.resource_profiles[0]
-            .resource
-            .as_ref()
-            .unwrap()
-            .attributes
-            .iter()
-            .map(|kv| {
-                let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                    Some(any_value::Value::StringValue(s)) => s.clone(),
-                    other => format!("{other:?}"),
-                };
-                (kv.key.clone(), v)
-            })
-            .collect();
-        assert_eq!(
-            attrs.get("service.name").map(String::as_str),
-            Some("synthetic-validator"),
-            "{attrs:?}"
-        );
-        assert_eq!(
-            attrs.get("service.instance.id").map(String::as_str),
-            Some(identity),
-            "{attrs:?}"
-        );
-        assert!(attrs.contains_key("host.name"), "{attrs:?}");
-        assert_eq!(attrs.get("cluster").map(String::as_str), Some("e2e"), "{attrs:?}");
-        otlp_content(&r, &mut c);
-    }
-    c
-}
-
-fn scrape(port: u16) -> BTreeMap<String, f64> {
-    let text = http_get(port, "/metrics");
-    let s = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
-    s.samples
-        .into_iter()
-        .filter(|x| {
-            x.metric.starts_with("slotprof_push")
-                || x.metric.starts_with("slotprof_slots_")
-                || x.metric == "process_resident_memory_bytes"
-                || x.metric == "slotprof_target_attached"
-        })
-        .map(|x| {
-            let mut labels: Vec<String> = x
-                .labels
-                .iter()
-                .filter(|(k, _)| *k != "url")
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            labels.sort();
-            let v = match x.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => f64::NAN,
-            };
-            (format!("{}{{{}}}", x.metric, labels.join(",")), v)
-        })
-        .collect()
-}
-
-fn metric(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("{key} is not in /metrics: {m:#?}"))
-}
+use common::{pushed::*, *};
+use slotprof_tests::http_receiver::HttpReceiver;
 
 /// The slots the synthetic validator ran, but its last (the RPC never
 /// sees it end).
@@ -452,33 +151,6 @@ fn session(test: &str, slots: u32, push: &str, settle: Duration) -> Session {
     }
 }
 
-fn receiver(status: u16, delay: Duration) -> HttpReceiver {
-    HttpReceiver::start(Box::new(move |_| (status, delay))).unwrap()
-}
-
-/// Keys of a scrape for one endpoint's metric.
-fn key(metric: &str, endpoint: &str, result: Option<&str>) -> String {
-    match result {
-        Some(r) => format!("{metric}{{endpoint={endpoint},result={r}}}"),
-        None => format!("{metric}{{endpoint={endpoint}}}"),
-    }
-}
-
-/// The slots of a content.
-fn slots_of(c: &Content) -> Vec<i64> {
-    let mut s: Vec<i64> = c.keys().map(|k| k.0).collect();
-    s.dedup();
-    s
-}
-
-/// The part of `c` in `slots`.
-fn only(c: &Content, slots: &[i64]) -> Content {
-    c.iter()
-        .filter(|(k, _)| slots.contains(&k.0))
-        .map(|(k, v)| (k.clone(), *v))
-        .collect()
-}
-
 #[test]
 #[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
 fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
@@ -497,8 +169,8 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
     let (disk, on_disk) = disk_content(&s.export);
     assert_slots_exported(test, &on_disk, &s.expected);
     let (pyro_reqs, otlp_reqs) = (pyro.requests(), otlp.requests());
-    let pushed = pyroscope_content(&pyro_reqs, &s.identity);
-    let otlp_got = otlp_received(&otlp_reqs, &s.identity);
+    let pushed = pyroscope_content(&pyro_reqs, APP, Some(&s.identity));
+    let otlp_got = otlp_received(&otlp_reqs, APP, Some(&s.identity));
     let sizes: Vec<usize> = pyro_reqs.iter().map(|(r, _)| r.body.len()).collect();
     eprintln!(
         "{} Pyroscope requests ({sizes:?} bytes), {} OTLP requests; {} slots, {} (slot, type, stack, labels) keys on disk",
@@ -673,7 +345,7 @@ fn a_receiver_down_or_slow_costs_its_bounded_queue_and_nothing_else() {
     // Slow: the receiver took a batch every 10 s; what it took equals
     // the disk for its slots.
     let got = slow.requests();
-    let otlp_got = otlp_received(&got, &s.identity);
+    let otlp_got = otlp_received(&got, APP, Some(&s.identity));
     let pushed_slots = slots_of(&otlp_got);
     let otlp_pushed = metric(last, &key("slotprof_push_batches_total", "otlp", Some("pushed")));
     assert!(
@@ -772,8 +444,8 @@ fn a_receiver_failing_for_a_while_gets_every_slot_when_it_recovers() {
             "{ep}"
         );
     }
-    let pushed = pyroscope_content(&pyro, &s.identity);
-    let otlp_got = otlp_received(&otlp, &s.identity);
+    let pushed = pyroscope_content(&pyro, APP, Some(&s.identity));
+    let otlp_got = otlp_received(&otlp, APP, Some(&s.identity));
     assert!(
         row(test, &format!("after {outage} s of 500s: every slot pushed, equal to disk"), &format!("{} and {} slots of {}", slots_of(&pushed).len(), slots_of(&otlp_got).len(), on_disk.len()), "all, equal", pushed == disk && otlp_got == disk),
         "after the outage the pushed profiles differ from the disk: Pyroscope slots {:?}, OTLP slots {:?}, disk {:?}",
@@ -787,5 +459,72 @@ fn a_receiver_failing_for_a_while_gets_every_slot_when_it_recovers() {
         failed.len(),
         pyro.len(),
         otlp.len()
+    );
+}
+
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn a_recorded_sessions_slots_are_pushed_when_it_ends() {
+    let Some(_k) = kernel() else { return };
+    let test = "a_recorded_sessions_slots_are_pushed";
+    let (pyro, otlp) = (receiver(200, Duration::ZERO), receiver(200, Duration::ZERO));
+    let dir = scratch("push-record");
+    let out = dir.join("out");
+    let origin = slotprof_tests::monotonic_ns() + 1_500_000_000;
+    let o = run_slotprof(&[
+        "record",
+        "--slot-source",
+        &format!("clock=400ms,origin={origin},leader=4/8"),
+        "--out",
+        out.to_str().unwrap(),
+        "--push-pyroscope",
+        &format!("http://127.0.0.1:{}", pyro.port),
+        "--push-otlp",
+        &format!("http://127.0.0.1:{}", otlp.port),
+        "--push-every",
+        "1s",
+        "--push-label",
+        "cluster=e2e",
+        "--",
+        stall_program("synthetic-validator").to_str().unwrap(),
+        "--slots",
+        "12",
+        "--origin-ns",
+        &origin.to_string(),
+    ]);
+    assert!(o.status.success());
+    let (disk, on_disk) = disk_content(&out);
+    assert!(on_disk.len() >= 10, "slots on disk: {on_disk:?}");
+    // A clock source knows no identity.
+    let pushed = pyroscope_content(&pyro.requests(), APP, None);
+    let otlp_got = otlp_received(&otlp.requests(), APP, None);
+    assert!(
+        row(
+            test,
+            "Pyroscope and OTLP: every slot's samples equal its profile on disk",
+            &format!("{} and {} keys vs {}", pushed.len(), otlp_got.len(), disk.len()),
+            "equal",
+            pushed == disk && otlp_got == disk
+        ),
+        "pushed slots {:?} and {:?}, on disk {on_disk:?}",
+        slots_of(&pushed),
+        slots_of(&otlp_got)
+    );
+    // summary.json counts what went where.
+    let summary = read_json(&out.join("summary.json"));
+    let push = summary["push"].as_array().expect("summary.json's push");
+    for (ep, got) in [
+        ("pyroscope", pyro.requests().len()),
+        ("otlp", otlp.requests().len()),
+    ] {
+        let e = push.iter().find(|e| e["endpoint"] == ep).unwrap();
+        assert_eq!(e["pushed"].as_u64(), Some(got as u64), "{ep}: {e}");
+        assert_eq!(e["dropped"].as_u64(), Some(0), "{ep}: {e}");
+        assert!(got >= 4, "{ep}: a batch a second over ~5 s of slots: {got}");
+    }
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("push to otlp"),
+        "the session says what it pushed: {said}"
     );
 }

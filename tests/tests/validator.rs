@@ -1827,3 +1827,92 @@ fn a_real_nodes_program_cache_work_is_timed_per_slot_where_the_node_counts_misse
         "slotprof {loaded:?}, the node {missed:?}"
     );
 }
+
+/// `slotprof run` on a real node under load, pushing every slot to a
+/// Pyroscope and an OTLP receiver (local, decoding what arrives): each
+/// slot's samples there equal its profile in the export (`export.full =
+/// "all"`), the series carry the node's real identity, and nothing is
+/// dropped. Outside CI (about 90 s).
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
+fn a_real_nodes_slots_pushed_to_pyroscope_and_otlp_equal_its_export() {
+    use common::pushed::*;
+    let Some(_k) = kernel() else { return };
+    let Some(node) = node() else { return };
+    let test = "push from a real node";
+    let identity = node.rpc("getIdentity", serde_json::json!([])).unwrap()["identity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = private_dir("push");
+    let export = dir.join("export");
+    let (pyro, otlp) = (
+        receiver(200, std::time::Duration::ZERO),
+        receiver(200, std::time::Duration::ZERO),
+    );
+    let config = dir.join("slotprof.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\ncomm = \"solana-test-validator\"\n[slots]\nsource = \"rpc={}\"\n[export]\ndir = \"{}\"\n\
+             full = \"all\"\n[metrics]\nlisten = \"127.0.0.1:{}\"\n[phase_probe]\nenabled = false\n\
+             [push]\npyroscope = \"http://127.0.0.1:{}\"\notlp = \"http://127.0.0.1:{}\"\n\
+             [push.labels]\ncluster = \"e2e\"\n",
+            node.rpc_url(),
+            export.display(),
+            free_port(),
+            pyro.port,
+            otlp.port
+        ),
+    )
+    .unwrap();
+    let load_dir = private_dir("push-load");
+    let _load =
+        Load::start(&node, LOAD_RATE, 60, &load_dir.join("report.json")).unwrap_or_else(|e| panic!("{e}"));
+    let (ok, stderr, rss) = slotprof_with_rss(&["run", "-c", config.to_str().unwrap(), "--duration", "60s"]);
+    assert!(ok, "slotprof run failed");
+    let (disk, on_disk) = disk_content(&export);
+    let app = "solana-test-validator";
+    let (pyro_reqs, otlp_reqs) = (pyro.requests(), otlp.requests());
+    let pushed = pyroscope_content(&pyro_reqs, app, Some(&identity));
+    let otlp_got = otlp_received(&otlp_reqs, app, Some(&identity));
+    let sizes = |r: &[(slotprof_tests::http_receiver::Request, u16)]| {
+        let mut v: Vec<usize> = r.iter().map(|(q, _)| q.body.len()).collect();
+        v.sort_unstable();
+        v
+    };
+    eprintln!(
+        "{} slots on disk; Pyroscope: {} requests, bytes {:?}; OTLP: {} requests, bytes {:?}; peak RSS {:.1} MiB",
+        on_disk.len(),
+        pyro_reqs.len(),
+        sizes(&pyro_reqs),
+        otlp_reqs.len(),
+        sizes(&otlp_reqs),
+        rss as f64 / (1 << 20) as f64
+    );
+    assert!(on_disk.len() >= 100, "a minute of slots: {}", on_disk.len());
+    assert!(
+        row(
+            test,
+            "Pyroscope and OTLP: every slot's samples equal its profile on disk",
+            &format!(
+                "{} and {} slots of {}; {} and {} keys of {}",
+                slots_of(&pushed).len(),
+                slots_of(&otlp_got).len(),
+                on_disk.len(),
+                pushed.len(),
+                otlp_got.len(),
+                disk.len()
+            ),
+            "all, equal",
+            pushed == disk && otlp_got == disk
+        ),
+        "pushed slots {:?} / {:?} differ from the export's {on_disk:?}",
+        slots_of(&pushed),
+        slots_of(&otlp_got)
+    );
+    assert!(
+        !stderr.contains("push to"),
+        "nothing to say about a healthy push: {stderr}"
+    );
+}

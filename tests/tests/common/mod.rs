@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod pushed;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
