@@ -745,15 +745,15 @@ async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::
         p.drain(opts.push.timeout).await;
         outcome.summary.push = stats.iter().map(|s| s.json()).collect();
         for s in &stats {
-            outcome.printed.push(format!(
-                "push to {} {}: {} batches pushed, {} dropped, {} rejected, {} failed attempts",
+            eprintln!(
+                "slotprof: push to {} {}: {} batches pushed, {} dropped, {} rejected, {} failed attempts",
                 s.endpoint,
                 s.url,
                 s.pushed.load(Relaxed),
                 s.dropped.load(Relaxed),
                 s.rejected.load(Relaxed),
                 s.failed.load(Relaxed)
-            ));
+            );
         }
         crate::output::write_atomic(
             &outcome.summary_path,
