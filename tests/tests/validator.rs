@@ -1872,7 +1872,9 @@ fn a_real_nodes_slots_pushed_to_pyroscope_and_otlp_equal_its_export() {
     let (ok, stderr, rss) = slotprof_with_rss(&["run", "-c", config.to_str().unwrap(), "--duration", "60s"]);
     assert!(ok, "slotprof run failed");
     let (disk, on_disk) = disk_content(&export);
-    let app = "solana-test-validator";
+    // The application is the executable's file name.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", node.pid())).unwrap();
+    let app = exe.file_name().unwrap().to_str().unwrap();
     let (pyro_reqs, otlp_reqs) = (pyro.requests(), otlp.requests());
     let pushed = pyroscope_content(&pyro_reqs, app, Some(&identity));
     let otlp_got = otlp_received(&otlp_reqs, app, Some(&identity));

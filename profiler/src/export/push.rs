@@ -106,6 +106,8 @@ struct Item {
     seq: u64,
     uri: hyper::Uri,
     content_type: String,
+    /// `Content-Encoding` (OTLP's body is gzipped).
+    encoding: Option<&'static str>,
     body: Bytes,
     /// Its first and last slot, for messages.
     slots: (u64, u64),
@@ -200,21 +202,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Bytes of a receiver's answer read (for its message).
 const ANSWER_LIMIT: usize = 64 << 10;
 
-async fn send(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    uri: hyper::Uri,
-    content_type: &str,
-    body: Bytes,
-    timeout: Duration,
-) -> Sent {
-    let request = match hyper::Request::post(uri)
-        .header(hyper::header::CONTENT_TYPE, content_type)
+/// One request for `item`.
+async fn send(client: &Client<HttpConnector, Full<Bytes>>, item: Item, timeout: Duration) -> Sent {
+    let mut request = hyper::Request::post(item.uri)
+        .header(hyper::header::CONTENT_TYPE, item.content_type)
         .header(
             hyper::header::USER_AGENT,
             concat!("slotprof/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(Full::new(body))
-    {
+        );
+    if let Some(e) = item.encoding {
+        request = request.header(hyper::header::CONTENT_ENCODING, e);
+    }
+    let request = match request.body(Full::new(item.body)) {
         Ok(r) => r,
         Err(e) => return Sent::Refused(format!("cannot build the request: {e}")),
     };
@@ -270,19 +269,13 @@ async fn sender(ep: Arc<Endpoint>) {
     let mut backoff = MIN_BACKOFF;
     let mut failing: Option<u64> = None;
     loop {
-        let Some(Item {
-            seq,
-            uri,
-            content_type,
-            body,
-            slots,
-        }) = ep.front()
-        else {
+        let Some(item) = ep.front() else {
             ep.wake.notified().await;
             continue;
         };
+        let (seq, slots) = (item.seq, item.slots);
         ep.busy.store(true, Relaxed);
-        let sent = send(&client, uri, &content_type, body, ep.timeout).await;
+        let sent = send(&client, item, ep.timeout).await;
         let s = &ep.stats;
         match sent {
             Sent::Taken => {
@@ -480,7 +473,7 @@ impl Pusher {
         let until_s = ((meta.time_nanos + meta.duration_nanos + 999_999_999) / 1_000_000_000).max(from_s + 1);
         let mut otlp_body: Option<Bytes> = None;
         for (ep, kind) in &self.endpoints {
-            let (uri, content_type, body) = match kind {
+            let (uri, content_type, encoding, body) = match kind {
                 Kind::Pyroscope { base } => {
                     let name = format!(
                         "{}{{{}}}",
@@ -501,7 +494,7 @@ impl Pusher {
                         percent_encode(&name)
                     );
                     let (content_type, body) = multipart(&gz);
-                    (uri.parse(), content_type, body)
+                    (uri.parse(), content_type, None, body)
                 }
                 Kind::Otlp { uri } => {
                     let body = match &otlp_body {
@@ -527,12 +520,20 @@ impl Pusher {
                                 &resource,
                                 ("slotprof", env!("CARGO_PKG_VERSION")),
                             );
-                            let b = Bytes::from(flamegraphs::otlp::encode(&r));
+                            let Ok(b) = gzip(&flamegraphs::otlp::encode(&r)) else {
+                                continue;
+                            };
+                            let b = Bytes::from(b);
                             otlp_body = Some(b.clone());
                             b
                         }
                     };
-                    (Ok(uri.clone()), "application/x-protobuf".to_string(), body)
+                    (
+                        Ok(uri.clone()),
+                        "application/x-protobuf".to_string(),
+                        Some("gzip"),
+                        body,
+                    )
                 }
             };
             let Ok(uri) = uri else {
@@ -543,6 +544,7 @@ impl Pusher {
                 seq: 0,
                 uri,
                 content_type,
+                encoding,
                 body,
                 slots: batch.slots,
             });
@@ -618,6 +620,17 @@ impl SlotExport for Pusher {
         self.flush();
         Ok(())
     }
+}
+
+/// `bytes` gzipped (OTLP/HTTP's `Content-Encoding: gzip`).
+fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 3),
+        flate2::Compression::default(),
+    );
+    gz.write_all(bytes)?;
+    gz.finish()
 }
 
 /// Bytes as people read them.
@@ -711,6 +724,7 @@ mod tests {
             seq: 0,
             uri: "http://x/".parse().unwrap(),
             content_type: String::new(),
+            encoding: None,
             body: Bytes::from(vec![0u8; len]),
             slots: (slot, slot),
         }

@@ -252,7 +252,17 @@ pub fn otlp_received(reqs: &[(Request, u16)], app: &str, identity: Option<&str>)
             ("POST", "/v1development/profiles")
         );
         assert_eq!(req.header("content-type"), Some("application/x-protobuf"));
-        let r = ExportProfilesServiceRequest::decode(&req.body[..]).expect("an ExportProfilesServiceRequest");
+        let body = match req.header("content-encoding") {
+            None => req.body.clone(),
+            Some("gzip") => {
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&req.body[..]), &mut raw)
+                    .expect("a gzipped body");
+                raw
+            }
+            Some(other) => panic!("Content-Encoding {other}: OTLP/HTTP allows gzip"),
+        };
+        let r = ExportProfilesServiceRequest::decode(&body[..]).expect("an ExportProfilesServiceRequest");
         let attrs: BTreeMap<String, String> = r.resource_profiles[0]
             .resource
             .as_ref()
