@@ -258,8 +258,17 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
         .keys()
         .any(|k| k.3.iter().any(|l| l == "thread_name=bank-loop")));
     assert!(
-        !s.said.contains("push to"),
-        "nothing to say about a healthy push: {}",
+        !s.said.contains(" failed (") && !s.said.contains("refused"),
+        "no failure to say of a healthy push: {}",
+        s.said
+    );
+    assert!(
+        s.said.contains(&format!(
+            "push to otlp http://127.0.0.1:{}/v1development/profiles: {} batches pushed, 0 dropped",
+            otlp.port,
+            otlp_reqs.len()
+        )),
+        "the counts are said at the end: {}",
         s.said
     );
 }
@@ -454,11 +463,23 @@ fn a_receiver_failing_for_a_while_gets_every_slot_when_it_recovers() {
         on_disk
     );
     assert!(s.said.contains("works again"), "the recovery is said: {}", s.said);
+    // What the outage held in memory: the queues, and slotprof's RSS.
+    let peak = |f: &dyn Fn(&BTreeMap<String, f64>) -> f64| s.scrapes.iter().map(f).fold(0.0, f64::max);
+    let queued = peak(&|m| {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("slotprof_push_queue_bytes"))
+            .map(|(_, v)| v)
+            .sum()
+    });
+    let rss = peak(&|m| m.get("process_resident_memory_bytes{}").copied().unwrap_or(0.0));
     eprintln!(
-        "{} requests answered 500 over {outage} s, then {} Pyroscope and {} OTLP batches taken",
+        "{} requests answered 500 over {outage} s, then {} Pyroscope and {} OTLP batches taken; \
+         peak queued {:.0} KiB (both endpoints), peak RSS {:.1} MiB",
         failed.len(),
         pyro.len(),
-        otlp.len()
+        otlp.len(),
+        queued / 1024.0,
+        rss / (1 << 20) as f64
     );
 }
 

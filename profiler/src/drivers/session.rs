@@ -1,6 +1,5 @@
 //! One profiling session: attach, collect until told to stop, write.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::{
     collections::HashMap,
     io::{IsTerminal, Write},
@@ -744,17 +743,6 @@ async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::
         let stats = p.stats();
         p.drain(opts.push.timeout).await;
         outcome.summary.push = stats.iter().map(|s| s.json()).collect();
-        for s in &stats {
-            eprintln!(
-                "slotprof: push to {} {}: {} batches pushed, {} dropped, {} rejected, {} failed attempts",
-                s.endpoint,
-                s.url,
-                s.pushed.load(Relaxed),
-                s.dropped.load(Relaxed),
-                s.rejected.load(Relaxed),
-                s.failed.load(Relaxed)
-            );
-        }
         crate::output::write_atomic(
             &outcome.summary_path,
             &serde_json::to_vec_pretty(&outcome.summary)?,

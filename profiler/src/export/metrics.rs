@@ -387,6 +387,19 @@ fn push(out: &mut String, s: &Snapshot) {
     );
     section(
         out,
+        "slotprof_push_encode_seconds_total",
+        "counter",
+        "Time spent encoding batches for this endpoint (on the profiling side: what pushing costs it).",
+        each(&|p| {
+            format!(
+                "slotprof_push_encode_seconds_total{{{}}} {}",
+                label(p),
+                p.encode_ns.load(Relaxed) as f64 / 1e9
+            )
+        }),
+    );
+    section(
+        out,
         "slotprof_push_queue_bytes",
         "gauge",
         "Bytes of batches waiting to be pushed.",

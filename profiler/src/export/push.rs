@@ -67,6 +67,9 @@ pub struct Stats {
     pub queued: AtomicU64,
     /// The last batch taken (Unix ms; 0: none yet).
     pub last_pushed_unix_ms: AtomicU64,
+    /// Time spent encoding this endpoint's batches (on the profiling
+    /// side: what pushing costs it).
+    pub encode_ns: AtomicU64,
 }
 
 impl Stats {
@@ -82,6 +85,7 @@ impl Stats {
             queued_bytes: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             last_pushed_unix_ms: AtomicU64::new(0),
+            encode_ns: AtomicU64::new(0),
         }
     }
 
@@ -96,6 +100,7 @@ impl Stats {
             "failed_attempts": self.failed.load(Relaxed),
             "queued_bytes": self.queued_bytes.load(Relaxed),
             "queue_limit_bytes": self.limit,
+            "encode_seconds": self.encode_ns.load(Relaxed) as f64 / 1e9,
         })
     }
 }
@@ -449,9 +454,12 @@ impl Pusher {
         l
     }
 
-    /// Encodes the batch gathered and queues it for every endpoint.
+    /// Encodes the batch gathered and queues it for every endpoint; the
+    /// time each endpoint's encoding took is counted (the pprof profile's
+    /// to the first).
     fn flush(&mut self) {
         let Some(batch) = self.batch.take() else { return };
+        let began = std::time::Instant::now();
         let mut meta = batch.meta.clone();
         meta.time_nanos = self.unix_ns(batch.start_ns);
         meta.duration_nanos = batch.end_ns.saturating_sub(batch.start_ns).min(i64::MAX as u64) as i64;
@@ -469,91 +477,100 @@ impl Pusher {
             }
         };
         let labels = self.node_labels();
+        let mut began = Some(began);
+        for (ep, kind) in &self.endpoints {
+            let start = began.take().unwrap_or_else(std::time::Instant::now);
+            let item = match kind {
+                Kind::Pyroscope { base } => self.pyroscope_item(base, &gz, &labels, &meta),
+                Kind::Otlp { uri } => self.otlp_item(uri, &gz, &labels),
+            };
+            ep.stats
+                .encode_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
+            match item {
+                Some(mut item) => {
+                    item.slots = batch.slots;
+                    ep.enqueue(item);
+                }
+                None => {
+                    ep.stats.dropped.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Pyroscope's ingest request: the application and the node's series
+    /// labels in `name`, the batch's time span, the pprof in a form.
+    fn pyroscope_item(
+        &self,
+        base: &str,
+        gz: &[u8],
+        labels: &[(String, String)],
+        meta: &ProfileMeta,
+    ) -> Option<Item> {
         let from_s = meta.time_nanos / 1_000_000_000;
         let until_s = ((meta.time_nanos + meta.duration_nanos + 999_999_999) / 1_000_000_000).max(from_s + 1);
-        let mut otlp_body: Option<Bytes> = None;
-        for (ep, kind) in &self.endpoints {
-            let (uri, content_type, encoding, body) = match kind {
-                Kind::Pyroscope { base } => {
-                    let name = format!(
-                        "{}{{{}}}",
-                        self.application,
-                        labels
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    );
-                    let hz = if meta.period > 0 {
-                        1_000_000_000 / meta.period
-                    } else {
-                        0
-                    };
-                    let uri = format!(
-                        "{base}/ingest?name={}&from={from_s}&until={until_s}&format=pprof&spyName=slotprof&sampleRate={hz}",
-                        percent_encode(&name)
-                    );
-                    let (content_type, body) = multipart(&gz);
-                    (uri.parse(), content_type, None, body)
+        let name = format!(
+            "{}{{{}}}",
+            self.application,
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let hz = if meta.period > 0 {
+            1_000_000_000 / meta.period
+        } else {
+            0
+        };
+        let uri = format!(
+            "{base}/ingest?name={}&from={from_s}&until={until_s}&format=pprof&spyName=slotprof&sampleRate={hz}",
+            percent_encode(&name)
+        );
+        let (content_type, body) = multipart(gz);
+        Some(Item {
+            seq: 0,
+            uri: uri.parse().ok()?,
+            content_type,
+            encoding: None,
+            body,
+            slots: (0, 0),
+        })
+    }
+
+    /// The OTLP export request of the batch's profile, gzipped, with the
+    /// node as resource attributes.
+    fn otlp_item(&self, uri: &hyper::Uri, gz: &[u8], labels: &[(String, String)]) -> Option<Item> {
+        let p = pprof::decode_gzip(gz).ok()?;
+        let mut resource: Vec<(&str, String)> = vec![
+            ("service.name", self.application.clone()),
+            ("host.name", hostname()),
+        ];
+        for (k, v) in labels {
+            match k.as_str() {
+                "hostname" => {}
+                "identity" => {
+                    resource.push(("service.instance.id", v.clone()));
+                    resource.push(("solana.identity", v.clone()));
                 }
-                Kind::Otlp { uri } => {
-                    let body = match &otlp_body {
-                        Some(b) => b.clone(),
-                        None => {
-                            let Ok(p) = pprof::decode_gzip(&gz) else { continue };
-                            let mut resource: Vec<(&str, String)> = vec![
-                                ("service.name", self.application.clone()),
-                                ("host.name", hostname()),
-                            ];
-                            for (k, v) in &labels {
-                                match k.as_str() {
-                                    "hostname" => {}
-                                    "identity" => {
-                                        resource.push(("service.instance.id", v.clone()));
-                                        resource.push(("solana.identity", v.clone()));
-                                    }
-                                    k => resource.push((k, v.clone())),
-                                }
-                            }
-                            let r = flamegraphs::otlp::request(
-                                &p,
-                                &resource,
-                                ("slotprof", env!("CARGO_PKG_VERSION")),
-                            );
-                            let Ok(b) = gzip(&flamegraphs::otlp::encode(&r)) else {
-                                continue;
-                            };
-                            let b = Bytes::from(b);
-                            otlp_body = Some(b.clone());
-                            b
-                        }
-                    };
-                    (
-                        Ok(uri.clone()),
-                        "application/x-protobuf".to_string(),
-                        Some("gzip"),
-                        body,
-                    )
-                }
-            };
-            let Ok(uri) = uri else {
-                ep.stats.dropped.fetch_add(1, Relaxed);
-                continue;
-            };
-            ep.enqueue(Item {
-                seq: 0,
-                uri,
-                content_type,
-                encoding,
-                body,
-                slots: batch.slots,
-            });
+                k => resource.push((k, v.clone())),
+            }
         }
+        let r = flamegraphs::otlp::request(&p, &resource, ("slotprof", env!("CARGO_PKG_VERSION")));
+        Some(Item {
+            seq: 0,
+            uri: uri.clone(),
+            content_type: "application/x-protobuf".to_string(),
+            encoding: Some("gzip"),
+            body: Bytes::from(gzip(&flamegraphs::otlp::encode(&r)).ok()?),
+            slots: (0, 0),
+        })
     }
 
     /// Waits up to `within` for the queues to empty (at the end of a
     /// session or the daemon), then stops the senders; what is still
-    /// queued is counted dropped and said.
+    /// queued is counted dropped and said, and each endpoint's counts.
     pub async fn drain(mut self, within: Duration) {
         self.flush();
         let deadline = tokio::time::Instant::now() + within;
@@ -580,6 +597,18 @@ impl Pusher {
                     ep.stats.endpoint, ep.stats.url, within
                 );
             }
+            let s = &ep.stats;
+            eprintln!(
+                "slotprof: push to {} {}: {} batches pushed, {} dropped, {} rejected, {} failed attempts; \
+                 encoding took {:.3} s",
+                s.endpoint,
+                s.url,
+                s.pushed.load(Relaxed),
+                s.dropped.load(Relaxed),
+                s.rejected.load(Relaxed),
+                s.failed.load(Relaxed),
+                s.encode_ns.load(Relaxed) as f64 / 1e9
+            );
         }
     }
 }
