@@ -74,7 +74,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// How a request was read off a connection.
-pub enum Incoming {
+enum Incoming {
     Request(Request),
     /// The peer closed, or a read failed.
     Closed,
@@ -83,7 +83,7 @@ pub enum Incoming {
 }
 
 /// Reads one request (head bounded, body by its Content-Length).
-pub fn read_request(reader: &mut BufReader<TcpStream>) -> Incoming {
+fn read_request(reader: &mut BufReader<TcpStream>) -> Incoming {
     let mut head_len = 0;
     let mut first: Option<String> = None;
     let mut headers = Vec::new();

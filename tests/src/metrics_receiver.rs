@@ -8,16 +8,9 @@
 //! [`crate::http_receiver`] and lines that do not parse are counted and
 //! dropped, never trusted.
 
-use crate::http_receiver::{read_request, Incoming};
-use std::{
-    io::{BufReader, Write},
-    net::{TcpListener, TcpStream},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
-    time::Duration,
-};
+use std::time::Duration;
+
+use crate::http_receiver::HttpReceiver;
 
 /// One point: measurement, tags and fields as text, time in ns since the
 /// Unix epoch (the node's CLOCK_REALTIME when it made the point).
@@ -91,42 +84,19 @@ pub fn parse_line(line: &str) -> Option<Point> {
     })
 }
 
-/// The receiver: a listening thread; points accumulate until it is
-/// dropped.
+/// The receiver: an [`HttpReceiver`] answering 204, its request bodies
+/// read as line protocol when asked.
 pub struct MetricsReceiver {
     pub port: u16,
-    points: Arc<Mutex<Vec<Point>>>,
-    rejected: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    http: HttpReceiver,
 }
 
 impl MetricsReceiver {
     pub fn start() -> std::io::Result<MetricsReceiver> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let port = listener.local_addr()?.port();
-        let points = Arc::new(Mutex::new(Vec::new()));
-        let rejected = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, r, s) = (points.clone(), rejected.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        let (p, r) = (p.clone(), r.clone());
-                        std::thread::spawn(move || serve(conn, &p, &r));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        });
+        let http = HttpReceiver::start(Box::new(|_| (204, Duration::ZERO)))?;
         Ok(MetricsReceiver {
-            port,
-            points,
-            rejected,
-            stop,
-            thread: Some(thread),
+            port: http.port,
+            http,
         })
     }
 
@@ -138,26 +108,35 @@ impl MetricsReceiver {
         )
     }
 
+    /// Every point received so far, and the lines that did not parse.
+    fn parsed(&self) -> (Vec<Point>, u64) {
+        let (mut points, mut rejected) = (Vec::new(), 0);
+        for (req, _) in self.http.requests() {
+            for line in String::from_utf8_lossy(&req.body)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+            {
+                match parse_line(line) {
+                    Some(p) => points.push(p),
+                    None => rejected += 1,
+                }
+            }
+        }
+        (points, rejected)
+    }
+
     /// Every point of `measurement` received so far.
     pub fn points(&self, measurement: &str) -> Vec<Point> {
-        self.points
-            .lock()
-            .unwrap()
-            .iter()
+        self.parsed()
+            .0
+            .into_iter()
             .filter(|p| p.measurement == measurement)
-            .cloned()
             .collect()
     }
 
     /// The measurements received, by name.
     pub fn measurements(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .points
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|p| p.measurement.clone())
-            .collect();
+        let mut names: Vec<String> = self.parsed().0.into_iter().map(|p| p.measurement).collect();
         names.sort_unstable();
         names.dedup();
         names
@@ -165,7 +144,7 @@ impl MetricsReceiver {
 
     /// How many points arrived, of how many measurements.
     pub fn counts(&self) -> (usize, usize) {
-        let points = self.points.lock().unwrap();
+        let points = self.parsed().0;
         let mut names: Vec<&str> = points.iter().map(|p| p.measurement.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -174,54 +153,6 @@ impl MetricsReceiver {
 
     /// Lines and requests dropped as malformed or too large.
     pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for MetricsReceiver {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Serves one connection (HTTP/1.1, keep-alive): each POST body is parsed
-/// line by line; every request is answered 204.
-fn serve(conn: TcpStream, points: &Mutex<Vec<Point>>, rejected: &AtomicU64) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-    let Ok(mut writer) = conn.try_clone() else { return };
-    let mut reader = BufReader::new(conn);
-    loop {
-        let body = match read_request(&mut reader) {
-            Incoming::Request(r) => r.body,
-            Incoming::Closed => return,
-            Incoming::Refused => {
-                // Too large, or no length: answer and close.
-                rejected.fetch_add(1, Ordering::Relaxed);
-                let _ = writer.write_all(
-                    b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                );
-                return;
-            }
-        };
-        let text = String::from_utf8_lossy(&body);
-        let mut parsed = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            match parse_line(line) {
-                Some(p) => parsed.push(p),
-                None => {
-                    rejected.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        points.lock().unwrap().extend(parsed);
-        if writer
-            .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
-            .is_err()
-        {
-            return;
-        }
+        self.parsed().1 + self.http.refused()
     }
 }

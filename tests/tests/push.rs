@@ -24,7 +24,7 @@ use std::{
 };
 
 use common::{pushed::*, *};
-use slotprof_tests::http_receiver::HttpReceiver;
+use slotprof_tests::http_receiver::{HttpReceiver, Request};
 
 /// The slots the synthetic validator ran, but its last (the RPC never
 /// sees it end).
@@ -37,6 +37,47 @@ fn truth_slots(dir: &Path) -> Vec<i64> {
         .map(|s| s["slot"].as_i64().unwrap())
         .collect();
     slots[..slots.len() - 1].to_vec()
+}
+
+/// `go tool pprof` reads the always-on export's profiles (every hour's
+/// and window's, the first slots') and every pushed Pyroscope profile.
+fn go_tool_pprof_reads(test: &str, export: &Path, pushed: &[(Request, u16)]) {
+    let Some(go) = go_binary() else {
+        eprintln!("{test}: go tool pprof not run: no Go toolchain (apt-get install golang-go; `cargo xtask test` does)");
+        return;
+    };
+    let mut files = Vec::new();
+    for sub in ["hours", "windows"] {
+        for e in std::fs::read_dir(export.join(sub)).unwrap().flatten() {
+            files.push(e.path().join("profile.pb.gz"));
+        }
+    }
+    let mut slots: Vec<_> = std::fs::read_dir(export.join("slots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    slots.sort();
+    files.extend(slots.iter().take(3).map(|d| d.join("profile.pb.gz")));
+    let dir = export.parent().unwrap().join("pushed");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, (req, _)) in pushed.iter().enumerate() {
+        let f = dir.join(format!("{i}.pb.gz"));
+        std::fs::write(&f, multipart_profile(req)).unwrap();
+        files.push(f);
+    }
+    for f in &files {
+        let raw = go_pprof(&go, &["-raw", f.to_str().unwrap()]);
+        assert!(raw.contains("Samples:"), "{}: {raw}", f.display());
+        go_pprof(&go, &["-top", f.to_str().unwrap()]);
+    }
+    row(
+        test,
+        "go tool pprof reads the export's and the pushed profiles",
+        &format!("{} files", files.len()),
+        "all",
+        true,
+    );
 }
 
 /// Every slot the validator ran is on disk (after it exits, the RPC
@@ -220,16 +261,8 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
             "equal",
             pushed == disk
         ),
-        "what Pyroscope got differs from the disk: only pushed {:?}, only on disk {:?}",
-        pushed
-            .iter()
-            .filter(|(k, v)| disk.get(k) != Some(v))
-            .take(5)
-            .collect::<Vec<_>>(),
-        disk.iter()
-            .filter(|(k, v)| pushed.get(k) != Some(v))
-            .take(5)
-            .collect::<Vec<_>>()
+        "what Pyroscope got differs from the disk: {}",
+        differences(&pushed, &disk)
     );
     assert!(
         row(
@@ -239,17 +272,10 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
             "equal",
             otlp_got == disk
         ),
-        "what the OTLP receiver got differs from the disk: only pushed {:?}, only on disk {:?}",
-        otlp_got
-            .iter()
-            .filter(|(k, v)| disk.get(k) != Some(v))
-            .take(5)
-            .collect::<Vec<_>>(),
-        disk.iter()
-            .filter(|(k, v)| otlp_got.get(k) != Some(v))
-            .take(5)
-            .collect::<Vec<_>>()
+        "what the OTLP receiver got differs from the disk: {}",
+        differences(&otlp_got, &disk)
     );
+    go_tool_pprof_reads(test, &s.export, &pyro_reqs);
     // The samples carry their thread and CPU, and on-CPU time is there.
     assert!(disk
         .keys()

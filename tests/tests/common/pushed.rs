@@ -355,3 +355,16 @@ pub fn only(c: &Content, slots: &[i64]) -> Content {
         .map(|(k, v)| (k.clone(), *v))
         .collect()
 }
+
+/// Where two contents differ: the first few keys each has that the other
+/// has not (or with another value).
+pub fn differences(a: &Content, b: &Content) -> String {
+    let only = |x: &Content, y: &Content| {
+        x.iter()
+            .filter(|(k, v)| y.get(k) != Some(v))
+            .take(5)
+            .map(|(k, v)| format!("{k:?} = {v}"))
+            .collect::<Vec<_>>()
+    };
+    format!("only pushed {:?}, only on disk {:?}", only(a, b), only(b, a))
+}
