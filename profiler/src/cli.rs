@@ -196,6 +196,10 @@ pub struct PushArgs {
     /// A series label / resource attribute KEY=VALUE (repeatable).
     #[arg(long = "push-label", value_name = "KEY=VALUE", help_heading = "Push")]
     pub push_labels: Vec<String>,
+    /// An HTTP header sent with every push, NAME=VALUE (repeatable; e.g.
+    /// X-Scope-OrgID=TENANT for a multi-tenant Pyroscope).
+    #[arg(long = "push-header", value_name = "NAME=VALUE", help_heading = "Push")]
+    pub push_headers: Vec<String>,
     /// Each pushed profile spans this much slot time.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION", help_heading = "Push")]
     pub push_every: Duration,
@@ -207,17 +211,18 @@ pub struct PushArgs {
 impl PushArgs {
     pub fn config(&self) -> anyhow::Result<crate::spec::PushConfig> {
         use crate::spec::{parse_url, PushConfig};
-        let labels = self
-            .push_labels
-            .iter()
-            .map(|l| {
-                l.split_once('=')
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .ok_or_else(|| {
-                        anyhow::anyhow!("--push-label {l:?}: give KEY=VALUE, e.g. cluster=mainnet")
-                    })
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let pairs = |flag: &str, values: &[String], example: &str| {
+            values
+                .iter()
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .ok_or_else(|| anyhow::anyhow!("{flag} {l:?}: give KEY=VALUE, e.g. {example}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let labels = pairs("--push-label", &self.push_labels, "cluster=mainnet")?;
+        let headers = pairs("--push-header", &self.push_headers, "X-Scope-OrgID=validators")?;
         let c = PushConfig {
             pyroscope: self
                 .push_pyroscope
@@ -233,6 +238,7 @@ impl PushArgs {
             every: self.push_every,
             timeout: self.push_timeout,
             labels,
+            headers,
             ..Default::default()
         };
         c.check()

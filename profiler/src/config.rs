@@ -107,6 +107,7 @@ struct PushSection {
     queue: String,
     timeout: String,
     labels: std::collections::BTreeMap<String, String>,
+    headers: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for PushSection {
@@ -119,6 +120,7 @@ impl Default for PushSection {
             queue: "64MiB".into(),
             timeout: "30s".into(),
             labels: Default::default(),
+            headers: Default::default(),
         }
     }
 }
@@ -372,6 +374,7 @@ impl Config {
                     queue_bytes: bytes("push.queue", &f.push.queue)?,
                     timeout: dur("push.timeout", &f.push.timeout)?,
                     labels: f.push.labels.into_iter().collect(),
+                    headers: f.push.headers.into_iter().collect(),
                 };
                 p.check()?;
                 p

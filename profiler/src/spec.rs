@@ -52,6 +52,8 @@ pub struct PushConfig {
     pub timeout: Duration,
     /// More series labels (Pyroscope) and resource attributes (OTLP).
     pub labels: Vec<(String, String)>,
+    /// Headers sent with every request (a tenant: `X-Scope-OrgID`).
+    pub headers: Vec<(String, String)>,
 }
 
 impl Default for PushConfig {
@@ -64,6 +66,7 @@ impl Default for PushConfig {
             queue_bytes: 64 << 20,
             timeout: Duration::from_secs(30),
             labels: Vec::new(),
+            headers: Vec::new(),
         }
     }
 }
@@ -97,6 +100,20 @@ impl PushConfig {
             }
             if !valid_value(v) {
                 bail!("push.labels.{k}: {v:?} may not be empty nor hold {{ }} , = \" or control characters");
+            }
+        }
+        for (k, v) in &self.headers {
+            if hyper::header::HeaderName::from_bytes(k.as_bytes()).is_err()
+                || hyper::header::HeaderValue::from_str(v).is_err()
+            {
+                bail!(
+                    "push.headers: {k:?} = {v:?} is not an HTTP header (a token name, a visible ASCII value)"
+                );
+            }
+            if ["content-type", "content-encoding", "content-length", "host"]
+                .contains(&k.to_ascii_lowercase().as_str())
+            {
+                bail!("push.headers: {k} is slotprof's to set");
             }
         }
         Ok(())

@@ -149,7 +149,7 @@ fn session(test: &str, slots: u32, push: &str, settle: Duration) -> Session {
     let config = write_config(
         &dir,
         &format!(
-            "{}[push]\n{push}\n[push.labels]\ncluster = \"e2e\"\n",
+            "{}[push]\n{push}\n[push.labels]\ncluster = \"e2e\"\n[push.headers]\nX-Scope-OrgID = \"e2e-tenant\"\n",
             config_text(rpc, metrics, &export, "full = \"all\"")
         ),
     );
@@ -275,6 +275,10 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
         "what the OTLP receiver got differs from the disk: {}",
         differences(&otlp_got, &disk)
     );
+    // The configured header came with every request.
+    for (r, _) in pyro_reqs.iter().chain(&otlp_reqs) {
+        assert_eq!(r.header("x-scope-orgid"), Some("e2e-tenant"), "{}", r.target);
+    }
     go_tool_pprof_reads(test, &s.export, &pyro_reqs);
     // The samples carry their thread and CPU, and on-CPU time is there.
     assert!(disk

@@ -133,6 +133,8 @@ struct Endpoint {
     /// A request is under way.
     busy: AtomicBool,
     timeout: Duration,
+    /// Sent with every request (`push.headers`).
+    headers: Vec<(String, String)>,
 }
 
 impl Endpoint {
@@ -208,7 +210,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const ANSWER_LIMIT: usize = 64 << 10;
 
 /// One request for `item`.
-async fn send(client: &Client<HttpConnector, Full<Bytes>>, item: Item, timeout: Duration) -> Sent {
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    item: Item,
+    headers: &[(String, String)],
+    timeout: Duration,
+) -> Sent {
     let mut request = hyper::Request::post(item.uri)
         .header(hyper::header::CONTENT_TYPE, item.content_type)
         .header(
@@ -217,6 +224,9 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, item: Item, timeout: 
         );
     if let Some(e) = item.encoding {
         request = request.header(hyper::header::CONTENT_ENCODING, e);
+    }
+    for (k, v) in headers {
+        request = request.header(k.as_str(), v.as_str());
     }
     let request = match request.body(Full::new(item.body)) {
         Ok(r) => r,
@@ -280,7 +290,7 @@ async fn sender(ep: Arc<Endpoint>) {
         };
         let (seq, slots) = (item.seq, item.slots);
         ep.busy.store(true, Relaxed);
-        let sent = send(&client, item, ep.timeout).await;
+        let sent = send(&client, item, &ep.headers, ep.timeout).await;
         let s = &ep.stats;
         match sent {
             Sent::Taken => {
@@ -371,6 +381,7 @@ impl Pusher {
                     wake: tokio::sync::Notify::new(),
                     busy: AtomicBool::new(false),
                     timeout: config.timeout,
+                    headers: config.headers.clone(),
                 }),
                 kind,
             ));
@@ -745,6 +756,7 @@ mod tests {
             wake: tokio::sync::Notify::new(),
             busy: AtomicBool::new(false),
             timeout: Duration::from_secs(1),
+            headers: Vec::new(),
         }
     }
 
@@ -798,6 +810,13 @@ mod tests {
         c.labels = vec![("x".into(), "a,b".into())];
         assert!(c.check().is_err());
         c.labels.clear();
+        c.headers = vec![("X-Scope-OrgID".into(), "validators".into())];
+        assert!(c.check().is_ok());
+        c.headers = vec![("Content-Type".into(), "text/plain".into())];
+        assert!(c.check().unwrap_err().to_string().contains("slotprof's to set"));
+        c.headers = vec![("bad header".into(), "x".into())];
+        assert!(c.check().unwrap_err().to_string().contains("not an HTTP header"));
+        c.headers.clear();
         c.every = Duration::from_millis(10);
         assert!(c.check().unwrap_err().to_string().contains("push.every"));
     }
