@@ -275,6 +275,21 @@ fn pushed_profiles_equal_each_slot_on_disk_in_pyroscope_and_otlp() {
         "what the OTLP receiver got differs from the disk: {}",
         differences(&otlp_got, &disk)
     );
+    // Python's OpenTelemetry proto package reads the same.
+    match otlp_content_by_python(&otlp_reqs, &s.export.parent().unwrap().join("otlp")) {
+        Ok(c) => assert!(
+            row(
+                test,
+                "OTLP read by Python's opentelemetry-proto: equal to the disk",
+                &format!("{} keys vs {}", c.len(), disk.len()),
+                "equal",
+                c == disk
+            ),
+            "Python's decoding differs from the disk: {}",
+            differences(&c, &disk)
+        ),
+        Err(why) => eprintln!("{test}: OTLP not decoded by Python's opentelemetry-proto: {why}"),
+    }
     // The configured header came with every request.
     for (r, _) in pyro_reqs.iter().chain(&otlp_reqs) {
         assert_eq!(r.header("x-scope-orgid"), Some("e2e-tenant"), "{}", r.target);

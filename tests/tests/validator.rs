@@ -1913,6 +1913,20 @@ fn a_real_nodes_slots_pushed_to_pyroscope_and_otlp_equal_its_export() {
         slots_of(&pushed),
         slots_of(&otlp_got)
     );
+    match otlp_content_by_python(&otlp_reqs, &dir.join("otlp")) {
+        Ok(c) => assert!(
+            row(
+                test,
+                "OTLP read by Python's opentelemetry-proto: equal to the export",
+                &format!("{} keys vs {}", c.len(), disk.len()),
+                "equal",
+                c == disk
+            ),
+            "Python's decoding differs from the export: {}",
+            differences(&c, &disk)
+        ),
+        Err(why) => eprintln!("{test}: OTLP not decoded by Python's opentelemetry-proto: {why}"),
+    }
     assert!(
         !stderr.contains(" failed (") && !stderr.contains("refused") && stderr.contains(" 0 dropped"),
         "a healthy push says its counts and nothing else: {stderr}"

@@ -63,7 +63,38 @@ pub fn test_tools(root: &Path) -> anyhow::Result<()> {
     if let Err(e) = google_pprof(root) {
         eprintln!("xtask: could not build google/pprof ({e:#}): the test that needs it will be skipped");
     }
+    if let Err(e) = otlp_python(root) {
+        eprintln!(
+            "xtask: could not install the OpenTelemetry proto package for Python ({e:#}): the push tests \
+             will not decode OTLP a second, independent way"
+        );
+    }
     Ok(())
+}
+
+/// The OpenTelemetry proto package as published for Python (PyPI's
+/// `opentelemetry-proto`, with Google's protobuf runtime) in a private
+/// virtual environment, `.tools/otlp-venv`: the push tests decode what an
+/// OTLP receiver got with it too, independently of the Rust messages
+/// slotprof encodes with. Pinned: the profiles schema is still changing.
+fn otlp_python(root: &Path) -> anyhow::Result<()> {
+    let venv = root.join(".tools/otlp-venv");
+    if venv.join("bin/python").exists() {
+        return Ok(());
+    }
+    let venv_str = venv.to_str().context("a non-UTF-8 path")?;
+    crate::run(root, "python3", &["-m", "venv", venv_str])?;
+    let pip = venv.join("bin/pip");
+    let installed = crate::run(
+        root,
+        pip.to_str().context("a non-UTF-8 path")?,
+        &["install", "-q", "protobuf==7.36.2", "opentelemetry-proto==1.45.2"],
+    );
+    if installed.is_err() {
+        // Half an environment would be taken for a whole one next time.
+        let _ = std::fs::remove_dir_all(&venv);
+    }
+    installed
 }
 
 /// Where Debian's golang-github-google-pprof-dev puts pprof's source.

@@ -242,6 +242,60 @@ pub fn pyroscope_content(reqs: &[(Request, u16)], app: &str, identity: Option<&s
     c
 }
 
+/// An OTLP request's body as protobuf (gunzipped by its Content-Encoding).
+pub fn otlp_body(req: &Request) -> Vec<u8> {
+    match req.header("content-encoding") {
+        None => req.body.clone(),
+        Some("gzip") => {
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&req.body[..]), &mut raw)
+                .expect("a gzipped body");
+            raw
+        }
+        Some(other) => panic!("Content-Encoding {other}: OTLP/HTTP allows gzip"),
+    }
+}
+
+/// What the OpenTelemetry proto package as published for Python (PyPI's
+/// opentelemetry-proto, which `cargo xtask test` installs in
+/// .tools/otlp-venv) reads in the OTLP requests that were taken: a
+/// decoder independent of the Rust messages slotprof encodes with. `Err`
+/// says why it could not be asked.
+pub fn otlp_content_by_python(reqs: &[(Request, u16)], dir: &Path) -> Result<Content, String> {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = tests.join("../.tools/otlp-venv/bin/python");
+    if !python.exists() {
+        return Err(format!(
+            "no {} (`cargo xtask test` installs it from PyPI)",
+            python.display()
+        ));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let mut files = Vec::new();
+    for (i, (req, _)) in reqs.iter().filter(|(_, s)| *s == 200).enumerate() {
+        let f = dir.join(format!("{i}.otlp"));
+        std::fs::write(&f, otlp_body(req)).unwrap();
+        files.push(f);
+    }
+    let o = std::process::Command::new(&python)
+        .arg(tests.join("scripts/otlp_content.py"))
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "otlp_content.py: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut c = Content::new();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let ((slot, kind, stack, labels), value): ((i64, String, Vec<String>, Vec<String>), i64) =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("otlp_content.py said {line}: {e}"));
+        *c.entry((slot, kind, stack, labels)).or_default() += value;
+    }
+    Ok(c)
+}
+
 /// What an OTLP receiver got, checked request by request: path, content
 /// type, the node's resource attributes; the profiles' content.
 pub fn otlp_received(reqs: &[(Request, u16)], app: &str, identity: Option<&str>) -> Content {
@@ -252,17 +306,8 @@ pub fn otlp_received(reqs: &[(Request, u16)], app: &str, identity: Option<&str>)
             ("POST", "/v1development/profiles")
         );
         assert_eq!(req.header("content-type"), Some("application/x-protobuf"));
-        let body = match req.header("content-encoding") {
-            None => req.body.clone(),
-            Some("gzip") => {
-                let mut raw = Vec::new();
-                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&req.body[..]), &mut raw)
-                    .expect("a gzipped body");
-                raw
-            }
-            Some(other) => panic!("Content-Encoding {other}: OTLP/HTTP allows gzip"),
-        };
-        let r = ExportProfilesServiceRequest::decode(&body[..]).expect("an ExportProfilesServiceRequest");
+        let r = ExportProfilesServiceRequest::decode(&otlp_body(req)[..])
+            .expect("an ExportProfilesServiceRequest");
         let attrs: BTreeMap<String, String> = r.resource_profiles[0]
             .resource
             .as_ref()
