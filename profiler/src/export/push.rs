@@ -283,6 +283,7 @@ async fn sender(ep: Arc<Endpoint>) {
         .build(connector);
     let mut backoff = MIN_BACKOFF;
     let mut failing: Option<u64> = None;
+    let mut refusing = false;
     loop {
         let Some(item) = ep.front() else {
             ep.wake.notified().await;
@@ -303,17 +304,24 @@ async fn sender(ep: Arc<Endpoint>) {
                         s.endpoint, s.url
                     );
                 }
+                refusing = false;
                 backoff = MIN_BACKOFF;
             }
             Sent::Refused(why) => {
                 if ep.remove(seq) {
                     s.rejected.fetch_add(1, Relaxed);
                 }
-                eprintln!(
-                    "slotprof: push to {} {}: the receiver refused slots {}-{} ({why}); not sent again: \
-                     check the URL and that the receiver takes this format",
-                    s.endpoint, s.url, slots.0, slots.1
-                );
+                // Said once until a batch is taken again (a wrong URL
+                // refuses every batch).
+                if !refusing {
+                    refusing = true;
+                    eprintln!(
+                        "slotprof: push to {} {}: the receiver refused slots {}-{} ({why}); not sent again, \
+                         nor is any batch it refuses (counted in slotprof_push_batches_total{{result=\"rejected\"}}): \
+                         check the URL and that the receiver takes this format",
+                        s.endpoint, s.url, slots.0, slots.1
+                    );
+                }
             }
             Sent::Retry(why) => {
                 s.failed.fetch_add(1, Relaxed);
@@ -791,6 +799,83 @@ mod tests {
         assert!(!ep.remove(0));
         assert!(ep.remove(first.seq));
         assert_eq!(ep.stats.queued_bytes.load(Relaxed), 600);
+    }
+
+    /// A receiver answering `status` to every request, counting them.
+    async fn answering(status: u16) -> (u16, Arc<AtomicU64>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut got = Vec::new();
+                    // One request per connection: the head, then its body.
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if got.len() >= end + 4 + len {
+                            counter.fetch_add(1, Relaxed);
+                            let answer = format!(
+                                "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            );
+                            let _ = conn.write_all(answer.as_bytes()).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_counted_and_not_sent_again_and_a_taken_one_leaves_the_queue() {
+        for (status, pushed, rejected) in [(404, 0, 3), (200, 3, 0)] {
+            let (port, seen) = answering(status).await;
+            let ep = Arc::new(endpoint(1 << 20));
+            for s in 0..3 {
+                let mut it = item(100, s);
+                it.uri = format!("http://127.0.0.1:{port}/ingest").parse().unwrap();
+                ep.enqueue(it);
+            }
+            let task = tokio::spawn(sender(ep.clone()));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while !ep.idle() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+            let st = &ep.stats;
+            assert_eq!(
+                (
+                    st.pushed.load(Relaxed),
+                    st.rejected.load(Relaxed),
+                    st.failed.load(Relaxed)
+                ),
+                (pushed, rejected, 0),
+                "HTTP {status}"
+            );
+            // Each batch was sent once, and the queue is empty.
+            assert_eq!(seen.load(Relaxed), 3, "HTTP {status}");
+            assert_eq!(st.queued_bytes.load(Relaxed), 0);
+        }
     }
 
     #[test]
