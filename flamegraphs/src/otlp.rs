@@ -212,11 +212,13 @@ impl<'p> Dictionary<'p> {
 
 /// The request carrying `p`: `resource` is the node's attributes
 /// (`service.name`, `host.name`, ...), `scope` the producer's name and
-/// version.
+/// version. The sample types named in `measured` are measured, not
+/// sampled (off-CPU time): their profiles carry no sampling period.
 pub fn request(
     p: &Profile,
     resource: &[(&str, String)],
     scope: (&str, &str),
+    measured: &[&str],
 ) -> ExportProfilesServiceRequest {
     let mut d = Dictionary::new(p);
     d.tables();
@@ -231,6 +233,7 @@ pub fn request(
         .map(|(column, t)| {
             let mut profile_id = id;
             profile_id[15] ^= column as u8;
+            let sampled = !measured.contains(&d.s(t.ty));
             otlp::Profile {
                 sample_type: Some(d.value_type(t)),
                 samples: p
@@ -250,8 +253,8 @@ pub fn request(
                     .collect(),
                 time_unix_nano: p.time_nanos.max(0) as u64,
                 duration_nano: p.duration_nanos.max(0) as u64,
-                period_type,
-                period: p.period,
+                period_type: period_type.filter(|_| sampled),
+                period: if sampled { p.period } else { 0 },
                 profile_id: profile_id.to_vec(),
                 dropped_attributes_count: 0,
                 original_payload_format: String::new(),
@@ -396,7 +399,12 @@ mod tests {
             comments: vec!["a comment".into()],
         };
         let p = b.finish(&meta).unwrap();
-        let r = request(&p, &[("service.name", "agave".into())], ("slotprof", "0.1.0"));
+        let r = request(
+            &p,
+            &[("service.name", "agave".into())],
+            ("slotprof", "0.1.0"),
+            &["offcpu"],
+        );
         let back = read_back(&r);
         assert_eq!(
             back,
@@ -432,6 +440,8 @@ mod tests {
         assert_eq!(profiles.len(), 2);
         assert_ne!(profiles[0].profile_id, profiles[1].profile_id);
         assert_eq!(profiles[0].period, 20_408_163);
+        // Off-CPU time is measured, not sampled: no period.
+        assert_eq!((profiles[1].period, profiles[1].period_type), (0, None));
         assert_eq!(
             (profiles[0].time_unix_nano, profiles[0].duration_nano),
             (1_000, 400_000_000)

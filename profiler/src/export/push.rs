@@ -576,7 +576,12 @@ impl Pusher {
                 k => resource.push((k, v.clone())),
             }
         }
-        let r = flamegraphs::otlp::request(&p, &resource, ("slotprof", env!("CARGO_PKG_VERSION")));
+        let r = flamegraphs::otlp::request(
+            &p,
+            &resource,
+            ("slotprof", env!("CARGO_PKG_VERSION")),
+            &["offcpu"],
+        );
         Some(Item {
             seq: 0,
             uri: uri.clone(),

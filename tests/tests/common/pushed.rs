@@ -334,6 +334,18 @@ pub fn otlp_received(reqs: &[(Request, u16)], app: &str, identity: Option<&str>)
         );
         assert!(attrs.contains_key("host.name"), "{attrs:?}");
         assert_eq!(attrs.get("cluster").map(String::as_str), Some("e2e"), "{attrs:?}");
+        // Sampled types carry the sampling period; off-CPU time is measured.
+        let strings = &r.dictionary.as_ref().unwrap().string_table;
+        for p in &r.resource_profiles[0].scope_profiles[0].profiles {
+            let ty = &strings[p.sample_type.unwrap().type_strindex as usize];
+            assert_eq!(
+                p.period > 0 && p.period_type.is_some(),
+                ty != "offcpu",
+                "{ty}: period {} ({:?})",
+                p.period,
+                p.period_type
+            );
+        }
         otlp_content(&r, &mut c);
     }
     c
