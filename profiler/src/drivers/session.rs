@@ -736,7 +736,10 @@ async fn report(opts: &SessionOptions, mut c: Collected, stop: Stop) -> anyhow::
     let summary = summary_of(opts, &mut c, &mut a, lost, stop, warnings);
     // The push's senders run while the outputs are written (on this
     // runtime, between them) and are waited for after.
-    let mut pusher = (opts.push.is_on() && opts.spec.slot_source.is_some())
+    // (`--push-*` without a slot source is refused at the command line.)
+    let mut pusher = opts
+        .push
+        .is_on()
         .then(|| Pusher::start(&opts.push, &c.target.name(), Some(c.slot_log.clone())));
     let mut outcome = write_outputs(opts, &mut c, a, summary, printed, pusher.as_mut())?;
     if let Some(p) = pusher {

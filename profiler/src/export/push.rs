@@ -24,7 +24,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicU64, Ordering::Relaxed},
         Arc, Mutex,
     },
     time::Duration,
@@ -64,7 +64,6 @@ pub struct Stats {
     /// Attempts that failed (connection, timeout, 5xx, 408, 429): retried.
     pub failed: AtomicU64,
     pub queued_bytes: AtomicU64,
-    pub queued: AtomicU64,
     /// The last batch taken (Unix ms; 0: none yet).
     pub last_pushed_unix_ms: AtomicU64,
     /// Time spent encoding this endpoint's batches (on the profiling
@@ -83,7 +82,6 @@ impl Stats {
             rejected: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             queued_bytes: AtomicU64::new(0),
-            queued: AtomicU64::new(0),
             last_pushed_unix_ms: AtomicU64::new(0),
             encode_ns: AtomicU64::new(0),
         }
@@ -130,8 +128,6 @@ struct Endpoint {
     stats: Arc<Stats>,
     queue: Mutex<Queue>,
     wake: tokio::sync::Notify,
-    /// A request is under way.
-    busy: AtomicBool,
     timeout: Duration,
     /// Sent with every request (`push.headers`).
     headers: Vec<(String, String)>,
@@ -166,7 +162,6 @@ impl Endpoint {
         q.bytes += len;
         q.items.push_back(item);
         self.stats.queued_bytes.store(q.bytes, Relaxed);
-        self.stats.queued.store(q.items.len() as u64, Relaxed);
         drop(q);
         self.wake.notify_one();
     }
@@ -181,7 +176,6 @@ impl Endpoint {
         let it = q.items.remove(i).unwrap();
         q.bytes -= it.body.len() as u64;
         self.stats.queued_bytes.store(q.bytes, Relaxed);
-        self.stats.queued.store(q.items.len() as u64, Relaxed);
         true
     }
 
@@ -191,7 +185,9 @@ impl Endpoint {
     }
 
     fn idle(&self) -> bool {
-        self.queue.lock().unwrap().items.is_empty() && !self.busy.load(Relaxed)
+        // A batch stays queued while it is sent: an empty queue has none
+        // under way (or only one the bound dropped meanwhile).
+        self.queue.lock().unwrap().items.is_empty()
     }
 }
 
@@ -290,7 +286,6 @@ async fn sender(ep: Arc<Endpoint>) {
             continue;
         };
         let (seq, slots) = (item.seq, item.slots);
-        ep.busy.store(true, Relaxed);
         let sent = send(&client, item, &ep.headers, ep.timeout).await;
         let s = &ep.stats;
         match sent {
@@ -336,12 +331,10 @@ async fn sender(ep: Arc<Endpoint>) {
                     );
                 }
                 *n += 1;
-                ep.busy.store(false, Relaxed);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
-        ep.busy.store(false, Relaxed);
     }
 }
 
@@ -387,7 +380,6 @@ impl Pusher {
                     stats: Arc::new(Stats::new(name, uri.to_string(), config.queue_bytes)),
                     queue: Mutex::new(Queue::default()),
                     wake: tokio::sync::Notify::new(),
-                    busy: AtomicBool::new(false),
                     timeout: config.timeout,
                     headers: config.headers.clone(),
                 }),
@@ -612,7 +604,6 @@ impl Pusher {
                 q.bytes = 0;
                 n
             };
-            ep.stats.queued.store(0, Relaxed);
             ep.stats.queued_bytes.store(0, Relaxed);
             if left > 0 {
                 ep.stats.dropped.fetch_add(left, Relaxed);
@@ -767,7 +758,6 @@ mod tests {
             stats: Arc::new(Stats::new("otlp", "http://x".into(), limit)),
             queue: Mutex::new(Queue::default()),
             wake: tokio::sync::Notify::new(),
-            busy: AtomicBool::new(false),
             timeout: Duration::from_secs(1),
             headers: Vec::new(),
         }
@@ -791,7 +781,7 @@ mod tests {
             ep.enqueue(item(300, s));
             assert!(ep.stats.queued_bytes.load(Relaxed) <= 1000);
         }
-        assert_eq!(ep.stats.queued.load(Relaxed), 3);
+        assert_eq!(ep.queue.lock().unwrap().items.len(), 3);
         assert_eq!(ep.stats.dropped.load(Relaxed), 7);
         // The newest are kept.
         let first = ep.front().unwrap();
@@ -799,7 +789,7 @@ mod tests {
         // A batch larger than the whole queue is dropped at once.
         ep.enqueue(item(2000, 99));
         assert_eq!(ep.stats.dropped.load(Relaxed), 8);
-        assert_eq!(ep.stats.queued.load(Relaxed), 3);
+        assert_eq!(ep.queue.lock().unwrap().items.len(), 3);
         // Removing what the bound already dropped does nothing.
         assert!(!ep.remove(0));
         assert!(ep.remove(first.seq));
