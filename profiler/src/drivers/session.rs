@@ -1071,11 +1071,13 @@ pub(crate) fn symbolizer_for(pid: u32) -> anyhow::Result<Symbolizer> {
 /// the session took the trampoline's executable for the target's. The
 /// executable changes at the start of the exec, before its code is
 /// mapped: a map read in between holds only the stack, and a VM run whose
-/// first read fell there once decoded none of its samples.
+/// first read fell there once decoded none of its samples. The auxiliary
+/// vector is written after the code is mapped: waited for too, or the
+/// first look at it would show an exec that did not happen.
 async fn wait_for_exec(held: &Target) -> Target {
     for _ in 0..12_000 {
         match Target::from_pid(held.pid) {
-            Ok(now) if now.exe != held.exe && code_is_mapped(&now) => return now,
+            Ok(now) if now.exe != held.exe && code_is_mapped(&now) && now.auxv_written() => return now,
             Ok(_) => {}
             // Gone (the exec failed and the trampoline exited): the
             // session sees it exit.

@@ -17,7 +17,8 @@ pub struct Target {
     start_ticks: u64,
     /// /proc/PID/auxv as read then: the kernel writes it anew at every
     /// exec (entry point, program headers, random bytes' address), so it
-    /// tells an exec even of the same executable (busybox applets).
+    /// tells an exec even of the same executable (busybox applets). None
+    /// when unreadable or not yet written (see [`written_auxv`]).
     auxv: Option<Vec<u8>>,
 }
 
@@ -49,7 +50,7 @@ impl Target {
             comm,
             exe,
             start_ticks,
-            auxv: std::fs::read(format!("/proc/{pid}/auxv")).ok(),
+            auxv: read_auxv(pid),
         })
     }
 
@@ -67,7 +68,7 @@ impl Target {
     /// ran when looked up (an exec since); with its name.
     pub fn exec_since(&self) -> Option<(String, Option<PathBuf>)> {
         let exe = std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok()?;
-        let auxv = std::fs::read(format!("/proc/{}/auxv", self.pid)).ok();
+        let auxv = read_auxv(self.pid);
         let same_auxv = auxv.is_none() || self.auxv.is_none() || auxv == self.auxv;
         if (Some(&exe) == self.exe.as_ref() && same_auxv) || !self.is_alive() {
             return None;
@@ -76,6 +77,14 @@ impl Target {
             .map(|s| s.trim_end().to_string())
             .unwrap_or_default();
         Some((comm, Some(exe)))
+    }
+
+    /// Whether the kernel has written the auxiliary vector of the program
+    /// the process runs now (an exec writes it last, after mapping the
+    /// code): a look-up in between sees the new executable with an empty
+    /// vector.
+    pub fn auxv_written(&self) -> bool {
+        self.auxv.is_some()
     }
 
     /// Whether the process still runs (not gone, not a zombie, not a new
@@ -90,6 +99,27 @@ impl Target {
             Err(_) => crate::sys::process_exists(self.pid),
         }
     }
+}
+
+/// /proc/PID/auxv when the kernel has written it. An exec gives the
+/// process a new, zeroed vector and fills it only after mapping the
+/// program (create_elf_tables): read in between it is a bare AT_NULL, and
+/// comparing that with the filled one later would take one exec for two
+/// (seen in a TCG test VM, where the window lasts long enough to land in).
+fn read_auxv(pid: u32) -> Option<Vec<u8>> {
+    std::fs::read(format!("/proc/{pid}/auxv"))
+        .ok()
+        .filter(|a| written_auxv(a))
+}
+
+/// Whether an auxiliary vector holds the entry point (AT_ENTRY), which
+/// every ELF exec writes.
+fn written_auxv(auxv: &[u8]) -> bool {
+    const AT_ENTRY: u64 = 9;
+    auxv.chunks_exact(16)
+        .map(|e| u64::from_ne_bytes(e[..8].try_into().expect("8 bytes")))
+        .take_while(|&key| key != 0)
+        .any(|key| key == AT_ENTRY)
 }
 
 /// State letter and start time from /proc/PID/stat (`Ok(None)`: read but not
@@ -122,6 +152,26 @@ fn stat_flags(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_auxv_counts_once_the_exec_has_written_its_entry_point() {
+        let entry = |pairs: &[(u64, u64)]| -> Vec<u8> {
+            pairs
+                .iter()
+                .flat_map(|(k, v)| [k.to_ne_bytes(), v.to_ne_bytes()])
+                .flatten()
+                .collect()
+        };
+        // Mid-exec: the new, zeroed vector.
+        assert!(!written_auxv(&entry(&[(0, 0)])));
+        assert!(!written_auxv(&[]));
+        // AT_PAGESZ, AT_ENTRY, AT_NULL.
+        assert!(written_auxv(&entry(&[(6, 4096), (9, 0x401000), (0, 0)])));
+        // AT_ENTRY after the AT_NULL is not in the vector.
+        assert!(!written_auxv(&entry(&[(6, 4096), (0, 0), (9, 1)])));
+        // Our own, read from /proc.
+        assert!(Target::from_pid(std::process::id()).unwrap().auxv_written());
+    }
 
     #[test]
     fn self_is_alive_and_missing_pid_says_so() {
