@@ -228,11 +228,23 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
         "--gap-threshold",
         &threshold,
     ];
+    // The builder thread makes each bank the loop drops while the loop
+    // runs; under TCG a 1.2M-object bank took longer to build than the
+    // whole run (6.1's VM, 2026-12-06: no drop gap at all), so the VM's
+    // banks are 1/scale of it (their drop still takes 50+ ms there).
+    let bank_objects = (1_200_000 / scale).to_string();
     let (out, truth) = record(
         "gaps",
         &opts,
         "stall-gaps",
-        &["--seconds", "8", "--gap-ms", &gap_ms],
+        &[
+            "--seconds",
+            "8",
+            "--gap-ms",
+            &gap_ms,
+            "--bank-objects",
+            &bank_objects,
+        ],
     );
     let gaps = findings(&out, "MainLoopGap");
     let injected = truth["gaps"].as_array().unwrap();
@@ -356,6 +368,17 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
     assert!(
         right as f64 >= 0.85 * found as f64,
         "right cause for {right} of {found}"
+    );
+    // A check of the run, not of slotprof: the drop's cause was checked.
+    let drops_over = injected
+        .iter()
+        .filter(|g| g["kind"] == "drop")
+        .filter(|g| g["end_ns"].as_u64().unwrap() - g["start_ns"].as_u64().unwrap() >= threshold_ns)
+        .count();
+    assert!(
+        drops_over > 0,
+        "the program dropped no bank over the {threshold} threshold (its builder thread did not \
+         keep up): the on-CPU cause went unchecked"
     );
     assert!(
         drop_named > 0,
@@ -579,8 +602,15 @@ fn lock_contention_names_the_waiting_stack_and_the_holder() {
         // asks the holder to take the lock: the loop is the hot thread, so
         // its wait on the channel until the holder has the lock counts too
         // (over 10 ms when the holder is slow to wake, as in the TCG VMs).
-        let injected: Vec<(u64, u64)> = lock_gaps
+        // Every lock gap, blocked or not: one where the loop then took the
+        // lock without blocking still had its wait on the channel (a stray
+        // 11.3 ms one in 6.1's VM, 2026-12-06, when only blocked gaps
+        // counted here).
+        let injected: Vec<(u64, u64)> = truth["gaps"]
+            .as_array()
+            .unwrap()
             .iter()
+            .filter(|g| g["kind"] == "lock")
             .map(|g| {
                 let end = g["end_ns"].as_u64().unwrap();
                 (
@@ -972,8 +1002,9 @@ fn memory_pressure_is_found_per_pass_over_the_limit_and_none_on_the_fixed_twin()
         ("nofp", without_frame_pointers("stall-memory")),
     ] {
         // Under TCG a pass spans 3-5 slots and the next starts 3 slots
-        // after it: 6 s held 2 or 3 passes there, 12 s holds at least 3.
-        let seconds = if time_scale() > 1 { "12" } else { "6" };
+        // after it: 6 s held 2 or 3 passes there, 12 s 2 in 6.12's VM
+        // (2026-12-06), 18 s at least 3.
+        let seconds = if time_scale() > 1 { "18" } else { "6" };
         let (out, truth) = record_bin(&format!("memory-{build}"), &opts, &bin, &["--seconds", seconds]);
         let found = findings(&out, "MemoryPressure");
         let hot = truth["hot_tid"].as_u64().unwrap();
@@ -1359,10 +1390,27 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
             ),
             "{build}: stacks cut at the uretprobe trampoline"
         );
-        // Precision: only the miss slots.
+        // Precision: only the miss slots, but for a prune the machine made
+        // slow: the thread's own clock says it took the threshold or more
+        // (6.12's VM, 2026-12-06: a 1.5 ms prune took 28.5 ms there, the
+        // vCPU taken away inside it). Said, not hidden.
+        let threshold_ms = 5.0 * scale as f64;
         let stray: Vec<_> = found
             .iter()
             .filter(|f| !(f["tid"] == replay && miss_slots.contains(&f["slot"].as_u64().unwrap())))
+            .filter(|f| {
+                let own: f64 = logged
+                    .get(&f["slot"].as_u64().unwrap())
+                    .map_or(0.0, |k| k.values().map(|(_, ms)| ms).sum());
+                let slow = f["tid"] == replay && own >= threshold_ms;
+                if slow {
+                    eprintln!(
+                        "{build}: a slow call of the machine's, the thread's own clock {own:.1} ms: {}",
+                        f["explanation"]
+                    );
+                }
+                !slow
+            })
             .collect();
         assert!(
             row(

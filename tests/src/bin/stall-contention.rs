@@ -109,7 +109,11 @@ fn main() {
         pin_to_cpu(cpu);
         let tid = unsafe { libc::gettid() } as u32;
         let mut delay: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut last = run_delay_ns();
+        // From the thread's birth (the kernel zeroes a new task's
+        // run_delay): its first wait for a CPU and the one after moving to
+        // the pinned core (behind slotprof's own threads, as it starts)
+        // are the kernel's count too, in the first slot read.
+        let mut last = 0;
         let mut i = 0u64;
         while monotonic_ns() < end {
             black_box(stall_loop_iteration(i));
