@@ -11,6 +11,57 @@ pub mod validator;
 
 use std::time::Duration;
 
+/// In the precise-ip test VM (its init sets `SLOTPROF_TEST_PRECISE_IP_SWITCH`):
+/// asks the host, on the serial console, to run one instruction per
+/// translation block (`on`: each sample's IP is then the instruction the
+/// timer interrupted, as on hardware) or TCG's usual blocks (`off`), and
+/// waits until the host says it has. Only the workload runs switched on:
+/// attaching under it took 180-200 s an attach (the kernel's BPF verifier,
+/// CI's 6.1 VM, 2026-12-06). Anywhere else: nothing.
+pub fn precise_ips(on: bool) {
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::env::var_os("SLOTPROF_TEST_PRECISE_IP_SWITCH").is_none() {
+        return;
+    }
+    let word = if on { "on" } else { "off" };
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open("/dev/ttyS0")
+        .unwrap_or_else(|e| panic!("the VM's console /dev/ttyS0: {e}"));
+    writeln!(&tty, "\nSLOTPROF-PRECISE-IP {word}").expect("write to the console");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut lines = std::io::BufReader::new(&tty);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "the host did not answer SLOTPROF-PRECISE-IP {word} in 120 s (its xtask reads the console)"
+        );
+        let mut fd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&tty),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut fd, 1, left.as_millis().min(1000) as i32) } <= 0 {
+            continue;
+        }
+        let mut line = String::new();
+        if lines.read_line(&mut line).unwrap_or(0) == 0 {
+            continue;
+        }
+        if line.contains(&format!("SLOTPROF-PRECISE-IP-ACK {word}")) {
+            return;
+        }
+        if let Some(why) = line.split_once("SLOTPROF-PRECISE-IP-NAK ").map(|(_, w)| w.trim()) {
+            panic!("the host could not switch precise IPs {word}: {why}");
+        }
+    }
+}
+
 /// Minimal flag parsing for the stall programs: `--name value` pairs.
 pub struct Flags {
     args: Vec<String>,

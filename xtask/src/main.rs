@@ -13,6 +13,7 @@
 //! - `cargo xtask record-fixtures`: the replay fixtures of tests/fixtures/replay/ (root).
 
 mod bench;
+mod budget;
 mod fixtures;
 mod fuzz;
 mod outcomes;
@@ -217,9 +218,15 @@ fn demo(root: &Path) -> anyhow::Result<()> {
 /// host tests whose name contains FILTER, as libtest filters them (no test
 /// VMs, no doc tests); the table and the closing line either way.
 fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
+    let budget = budget::get();
+    let part = std::time::Instant::now();
     setup::run(root)?;
     setup::test_tools(root)?;
+    budget.took("set-up", part);
+    let part = std::time::Instant::now();
     build(root)?;
+    budget.took("the build", part);
+    let part = std::time::Instant::now();
     run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
     run(
         root,
@@ -234,6 +241,7 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
+    budget.took("fmt and clippy", part);
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     let mut rows = Vec::new();
     if is_root() {
@@ -269,8 +277,11 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        // Each fuzz target for a minute (the long runs: `cargo xtask fuzz`).
+        // Each fuzz target for a short while (the long runs: `cargo xtask
+        // fuzz`).
+        let part = std::time::Instant::now();
         rows.extend(fuzz::smoke(root));
+        budget.took("the fuzz smoke runs", part);
         // The detector e2e tests again, in QEMU on Debian's kernels (the
         // default lines, each group on the lines it names).
         match test_vm::run(root, &[]) {

@@ -256,12 +256,28 @@ pub fn cargo_tests(root: &Path, opts: &Options) -> anyhow::Result<Vec<Row>> {
                 args.push("--include-ignored");
             }
             args.extend(filter);
+            let exe_started = std::time::Instant::now();
             let first = run_executable(exe, &args, opts, &records)?;
+            let budget = crate::budget::get();
+            budget.took(&format!("{} {}", exe.package, exe.target), exe_started);
             // A failed test runs once more, alone: passing then makes it
             // FLAKY (said, with the first run's panic), never a pass.
             let mut again: BTreeMap<String, (bool, String)> = BTreeMap::new();
             for (name, result) in &first.seen {
                 if !result.starts_with("FAILED") {
+                    continue;
+                }
+                // Run again only when the time is there: the longest
+                // e2e test takes about 5 minutes.
+                if let Err(why) = budget.fits(std::time::Duration::from_secs(300)) {
+                    eprintln!("xtask: {name} failed; not run again: {why}");
+                    again.insert(
+                        name.clone(),
+                        (
+                            false,
+                            format!("failed (not run again: {why}): {}", first.panic_of(name)),
+                        ),
+                    );
                     continue;
                 }
                 let before = read_skips(&records);

@@ -20,7 +20,7 @@ use std::{
     thread,
 };
 
-use slotprof_tests::{name_thread, pin_to_cpu, write_report, Flags};
+use slotprof_tests::{name_thread, pin_to_cpu, precise_ips, write_report, Flags};
 
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -101,6 +101,8 @@ fn main() {
     let padded = std::env::args().any(|a| a == "--padded");
     let mode = flags.get("mode").unwrap_or("counters").to_string();
     let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // In the precise-ip test VM: exact sample IPs while the threads run.
+    precise_ips(true);
 
     // (address of the line both threads use, or of the written field)
     let (shared, t1, t2): (usize, thread::JoinHandle<u64>, thread::JoinHandle<u64>) =
@@ -193,6 +195,7 @@ fn main() {
     thread::sleep(run_for);
     stop.store(true, Ordering::Relaxed);
     let (x, y) = (t1.join().unwrap(), t2.join().unwrap());
+    precise_ips(false);
     black_box((x, y));
     write_report(
         &flags,

@@ -94,6 +94,10 @@ pub(super) fn build_initramfs(
     script.push_str(&format!("TEST_LIMIT={}\n", group.test_limit.as_secs()));
     if !cpu_has_virtualization() {
         script.push_str(&format!("export SLOTPROF_TEST_TIME_SCALE={TCG_TIME_SCALE}\n"));
+        if group.precise_ip {
+            // The workloads ask for one instruction per block (qemu.rs).
+            script.push_str("export SLOTPROF_TEST_PRECISE_IP_SWITCH=1\n");
+        }
     }
     // CPUs 0 and 1 are two sockets (QEMU's -smp below): two L3 domains in
     // the guest's sysfs, which the cache-line tests assert on.
