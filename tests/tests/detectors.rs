@@ -701,6 +701,18 @@ fn names_the_drop(stack: &serde_json::Value) -> bool {
 /// The run-queue wait the kernel counted for stall-contention's hot thread
 /// in `slot` and the slot after it (a wait is placed in the slot it began
 /// in; the program counts it when it ends), in ms.
+/// Whether the kernel's run_delay agrees with a CpuContention finding's
+/// wait: 80% of it, less a little per wait. slotprof counts a wait from
+/// the wakeup (runqlat's way), the kernel from the enqueue, and a remote
+/// wakeup is enqueued only when the target CPU takes its IPI: microseconds
+/// natively, up to ~0.5 ms under TCG (6.1's VM, 2026-12-06: 28.6 ms in 11
+/// waits vs the kernel's 22.7).
+fn kernel_agrees(kernel_ms: f64, f: &serde_json::Value) -> bool {
+    let wait_ms = f["magnitudes"]["wait_ms"].as_f64().unwrap();
+    let waits = f["magnitudes"]["waits"].as_f64().unwrap_or(1.0);
+    kernel_ms >= 0.8 * wait_ms - waits * 0.1 * time_scale() as f64
+}
+
 fn kernel_run_delay_ms(truth: &serde_json::Value, slot: u64) -> f64 {
     truth["slots"]
         .as_array()
@@ -877,7 +889,7 @@ fn cpu_contention_names_the_hog_on_the_hot_core_and_none_on_the_fixed_twin() {
             let wait_ms = f["magnitudes"]["wait_ms"].as_f64().unwrap();
             let kernel_ms = kernel_run_delay_ms(&truth, slot);
             assert!(
-                kernel_ms >= 0.8 * wait_ms,
+                kernel_agrees(kernel_ms, f),
                 "{build}: slot {slot}: slotprof says {wait_ms} ms of CPU wait, the kernel counted \
                  {kernel_ms} ms: {f}"
             );
@@ -936,7 +948,7 @@ fn cpu_contention_names_the_hog_on_the_hot_core_and_none_on_the_fixed_twin() {
                 f["explanation"]
             );
             assert!(
-                kernel_ms >= 0.8 * wait_ms,
+                kernel_agrees(kernel_ms, f),
                 "{build}: fixed twin: {wait_ms} ms vs the kernel's {kernel_ms}: {f}"
             );
         }
