@@ -19,7 +19,7 @@ use std::time::Duration;
 /// attaching under it took 180-200 s an attach (the kernel's BPF verifier,
 /// CI's 6.1 VM, 2026-12-06). Anywhere else: nothing.
 pub fn precise_ips(on: bool) {
-    use std::io::{BufRead, Write};
+    use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;
     if std::env::var_os("SLOTPROF_TEST_PRECISE_IP_SWITCH").is_none() {
         return;
@@ -33,7 +33,9 @@ pub fn precise_ips(on: bool) {
         .unwrap_or_else(|e| panic!("the VM's console /dev/ttyS0: {e}"));
     writeln!(&tty, "\nSLOTPROF-PRECISE-IP {word}").expect("write to the console");
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let mut lines = std::io::BufReader::new(&tty);
+    // What the console's input brought so far (read as it comes: a line
+    // buffered past a poll would never wake it).
+    let mut got = String::new();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         assert!(
@@ -49,15 +51,17 @@ pub fn precise_ips(on: bool) {
         if unsafe { libc::poll(&mut fd, 1, left.as_millis().min(1000) as i32) } <= 0 {
             continue;
         }
-        let mut line = String::new();
-        if lines.read_line(&mut line).unwrap_or(0) == 0 {
-            continue;
-        }
-        if line.contains(&format!("SLOTPROF-PRECISE-IP-ACK {word}")) {
+        let mut buf = [0u8; 256];
+        let n = (&tty).read(&mut buf).unwrap_or(0);
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if got.contains(&format!("SLOTPROF-PRECISE-IP-ACK {word}\n")) {
             return;
         }
-        if let Some(why) = line.split_once("SLOTPROF-PRECISE-IP-NAK ").map(|(_, w)| w.trim()) {
-            panic!("the host could not switch precise IPs {word}: {why}");
+        if let Some(why) = got
+            .split_once("SLOTPROF-PRECISE-IP-NAK ")
+            .and_then(|(_, w)| w.split_once('\n'))
+        {
+            panic!("the host could not switch precise IPs {word}: {}", why.0.trim());
         }
     }
 }

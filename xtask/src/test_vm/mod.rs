@@ -224,13 +224,6 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
     let budget = crate::budget::get();
     for (line, group) in runs {
         let group_started = Instant::now();
-        let kernel = kernel_image(root, &cache, line)?;
-        let disk = if group.disk {
-            disk_for(&kernel, &cache)
-        } else {
-            None
-        };
-        let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
         let group_tests: Vec<(String, PathBuf)> = tests
             .iter()
             .filter(|(name, _)| group.scenarios.contains(&name.as_str()))
@@ -247,6 +240,13 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
             table.extend(left_out(line, group, &group_tests, &wanted, &why)?);
             continue;
         }
+        let kernel = kernel_image(root, &cache, line)?;
+        let disk = if group.disk {
+            disk_for(&kernel, &cache)
+        } else {
+            None
+        };
+        let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
         let driver = disk.as_ref().map(|d| d.modules.as_slice());
         let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group, driver)?;
         if names.is_empty() {
