@@ -193,37 +193,52 @@ fn attach_to_a_missing_pid_fails_in_one_line() {
 fn target_exiting_mid_session_keeps_what_it_ran() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("exit");
-    // Long enough to outlive slotprof's start in an emulated test VM (each
-    // tracepoint it enables patches kernel text, which makes TCG drop its
-    // translations: seconds), short of the 60 s duration.
+    // The target exits while slotprof profiles it: killed a moment after
+    // slotprof says it is profiling (a target that exits after a fixed
+    // time can be gone before an emulated test VM's attach is done).
     let mut child = Command::new(stall_program("stall-spin-sleep"))
-        .args(["--seconds", "12"])
+        .args(["--seconds", "600"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let t = Instant::now();
     let pid = child.id().to_string();
-    let o = run_slotprof(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--duration",
-        "60s",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    let _ = child.wait();
-    assert!(o.status.success());
+    let mut session = Command::new(slotprof())
+        .args(["attach", "--pid", &pid, "--duration", "600s", "--out"])
+        .arg(&dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = Vec::new();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(session.stderr.take().unwrap()));
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let profiling = line.contains("; profiling");
+        said.push(line);
+        if profiling {
+            break;
+        }
+    }
     assert!(
-        t.elapsed() < Duration::from_secs(50),
-        "did not stop when the target exited"
+        said.last().is_some_and(|l| l.contains("; profiling")),
+        "slotprof never said it was profiling: {said:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1000 * time_scale()));
+    let t = Instant::now();
+    child.kill().unwrap();
+    let _ = child.wait();
+    said.extend(lines.map(|l| l.unwrap()));
+    let status = session.wait().unwrap();
+    let said = said.join("\n");
+    assert!(status.success(), "{said}");
+    assert!(
+        t.elapsed() < Duration::from_secs(60),
+        "did not stop when the target exited: {said}"
     );
     let s = read_json(&dir.join("summary.json"));
     assert_eq!(s["target"]["exited"], true, "{s}");
     assert_eq!(s["ended_by"], "target exited");
     assert!(read_folded(&dir.join("oncpu.folded")).total_where(|f| f.ends_with("hot_spin")) > 0);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("exited"));
+    assert!(said.contains("exited"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1097,7 +1097,7 @@ fn ten_minutes_on_a_healthy_node(load_rate: Option<u32>) {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
         skip(
             Need::Elsewhere,
-            "a 10-minute run; `sudo cargo xtask validator --test` runs it",
+            "a 10-minute run; `sudo cargo xtask test --full` or `sudo cargo xtask validator --test` runs it",
         );
         return;
     }
@@ -1204,7 +1204,7 @@ fn always_on_follows_the_node_through_a_restart_for_thirty_minutes() {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
         skip(
             Need::Elsewhere,
-            "a 30-minute run; `sudo cargo xtask validator --test` runs it",
+            "a 30-minute run; `sudo cargo xtask test --full` or `sudo cargo xtask validator --test` runs it",
         );
         return;
     }
@@ -1428,7 +1428,7 @@ fn stacks_agree_with_perf_dwarf_on_the_same_node() {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
         skip(
             Need::Elsewhere,
-            "beside perf, in `sudo cargo xtask validator --test`",
+            "beside perf, in `sudo cargo xtask test --full` or `sudo cargo xtask validator --test`",
         );
         return;
     }

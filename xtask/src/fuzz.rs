@@ -1,7 +1,7 @@
 //! `cargo xtask fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing
 //! (cargo-fuzz, libFuzzer) of what slotprof reads from outside, with the
 //! committed corpus under `fuzz/corpus/TARGET` (each run adds what it
-//! finds). `cargo xtask test` runs each target for 60 s.
+//! finds). `cargo xtask test --full` runs each target for 30 s.
 //!
 //! cargo-fuzz needs the nightly toolchain (for its instrumentation flags;
 //! slotprof itself builds on stable): it is installed with rustup when
@@ -52,7 +52,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
 }
 
-/// The 30-second run of every target for `cargo xtask test` (from its
+/// The 30-second run of every target for `cargo xtask test --full` (from its
 /// committed corpus: what earlier runs found is replayed first): one row
 /// each, skipped (with why) when the tools cannot be had here.
 pub fn smoke(root: &Path) -> Vec<Row> {

@@ -2,10 +2,11 @@
 //!
 //! - `cargo xtask setup`: toolchain components and bpf-linker (into .tools/).
 //! - `cargo xtask demo`:  set up, build, profile a synthetic workload into ./slotprof-demo/.
-//! - `cargo xtask test [FILTER]`: set up, build, fmt + clippy, every test (root tests when root;
-//!   with FILTER only the host tests whose name contains it; `BINARY::NAME`,
-//!   as the table writes a test, runs only that test executable).
-//! - `cargo xtask test-vm [--kernel 6.1]...`: the detector e2e tests in QEMU on Debian kernels.
+//! - `cargo xtask test [--full] [FILTER]`: set up, build, fmt + clippy, the tests of a tier
+//!   (root tests when root; see [`Tier`]); with FILTER only the host tests whose name
+//!   contains it (`BINARY::NAME`, as the table writes a test, runs only that test executable).
+//! - `cargo xtask test-vm [--kernel 6.1]... [--ci]`: e2e tests in QEMU on Debian kernels
+//!   (every group; `--ci` only the CI tier's).
 //! - `cargo xtask bench`: set up, build, measure overhead; rewrites BENCHMARKS.md.
 //! - `cargo xtask fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing (10 min a target).
 //! - `cargo xtask soak [--minutes N]`: `slotprof run` under random faults; BENCHMARKS.md.
@@ -35,10 +36,10 @@ fn main() -> ExitCode {
         Some("setup") => setup::run(&root()),
         Some("build") => setup::run(&root()).and_then(|_| build(&root())),
         Some("demo") => demo(&root()),
-        Some("test") => test(&root(), args.get(1).map(String::as_str)),
+        Some("test") => test_args(&args[1..]).and_then(|(tier, filter)| test(&root(), tier, filter)),
         Some("test-vm") => setup::run(&root())
             .and_then(|_| build(&root()))
-            .and_then(|_| test_vm::run(&root(), &args[1..]))
+            .and_then(|_| test_vm::run(&root(), &args[1..], Tier::Full))
             .and_then(|rows| match outcomes::print_summary(&rows) {
                 0 => Ok(()),
                 n => Err(anyhow::anyhow!("{n} VM scenario(s) failed")),
@@ -58,7 +59,7 @@ fn main() -> ExitCode {
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test [FILTER]|test-vm [--kernel 6.1]...|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]|record-fixtures>"
+                "usage: cargo xtask <setup|build|demo|test [--full] [FILTER]|test-vm [--kernel 6.1]... [--ci]|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]|record-fixtures>"
             );
             return ExitCode::from(2);
         }
@@ -214,10 +215,49 @@ fn demo(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask test [FILTER]`: everything, or (with FILTER) only the
-/// host tests whose name contains FILTER, as libtest filters them (no test
-/// VMs, no doc tests); the table and the closing line either way.
-fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
+/// What `cargo xtask test` runs. Both tiers end with the same table and
+/// closing line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// What `.ci/run` runs, inside 45 minutes of a clean clone: set-up,
+    /// build, fmt + clippy, the unit and replay tests, every native
+    /// end-to-end test under the real probes (each detector with its
+    /// precision checks and fixed twin, the short real-node set), and in
+    /// each test VM what differs between kernels (every program loads,
+    /// passes the verifier and attaches; one short session per probe
+    /// family), plus the packaged unit under systemd.
+    Ci,
+    /// `--full`: the CI tier and the detector matrix in both test VMs, the
+    /// cache-line group one instruction per block, the fuzz smoke runs
+    /// and, with the validator's binary here, the long real-node checks.
+    Full,
+}
+
+/// `[--full] [FILTER]`, in either order.
+fn test_args(args: &[String]) -> anyhow::Result<(Tier, Option<&str>)> {
+    let mut tier = Tier::Ci;
+    let mut filter = None;
+    for a in args {
+        match a.as_str() {
+            "--full" => tier = Tier::Full,
+            f if f.starts_with("--") => {
+                bail!("unknown option {f}: usage: cargo xtask test [--full] [FILTER]")
+            }
+            f if filter.is_none() => filter = Some(f),
+            f => bail!(
+                "one FILTER only (got {f:?} after {:?})",
+                filter.unwrap_or_default()
+            ),
+        }
+    }
+    Ok((tier, filter))
+}
+
+/// `cargo xtask test [--full] [FILTER]`: a tier (see [`Tier`]), or (with
+/// FILTER) only the host tests whose name contains FILTER, as libtest
+/// filters them (no test VMs, no doc tests); the table and the closing
+/// line either way.
+fn test(root: &Path, tier: Tier, filter: Option<&str>) -> anyhow::Result<()> {
     let budget = budget::get();
     let part = std::time::Instant::now();
     setup::run(root)?;
@@ -245,7 +285,8 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     let mut rows = Vec::new();
     if is_root() {
-        // The real node's short checks run when its binary can be had.
+        // The real node's short checks run when its binary can be had; its
+        // long ones in the full tier.
         let node = validator::binary(root)
             .map(|bin| bin.display().to_string())
             .map_err(|e| eprintln!("xtask: the real-validator tests will be SKIPPED: {e:#}"))
@@ -254,11 +295,15 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
             Some(_) => Some(validator::loadgen(root)?.display().to_string()),
             None => None,
         };
-        let env: Vec<(&str, &str)> = node
+        let mut env: Vec<(&str, &str)> = node
             .iter()
             .map(|b| ("SLOTPROF_VALIDATOR", b.as_str()))
             .chain(load.iter().map(|l| ("SLOTPROF_LOADGEN", l.as_str())))
             .collect();
+        if tier == Tier::Full {
+            env.push(("SLOTPROF_VALIDATOR_LONG", "1"));
+        }
+        let part = std::time::Instant::now();
         rows.extend(outcomes::cargo_tests(
             root,
             &outcomes::Options {
@@ -269,6 +314,7 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
                 filter,
             },
         )?);
+        budget.took("the host tests", part);
         if let Some(f) = filter {
             eprintln!("xtask: the test VMs are not run: only the host tests matching {f:?} were asked for");
             let failed = outcomes::print_summary(&rows);
@@ -277,14 +323,16 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        // Each fuzz target for a short while (the long runs: `cargo xtask
-        // fuzz`).
-        let part = std::time::Instant::now();
-        rows.extend(fuzz::smoke(root));
-        budget.took("the fuzz smoke runs", part);
-        // The detector e2e tests again, in QEMU on Debian's kernels (the
-        // default lines, each group on the lines it names).
-        match test_vm::run(root, &[]) {
+        if tier == Tier::Full {
+            // Each fuzz target for a short while (the long runs: `cargo
+            // xtask fuzz`).
+            let part = std::time::Instant::now();
+            rows.extend(fuzz::smoke(root));
+            budget.took("the fuzz smoke runs", part);
+        }
+        // In QEMU on Debian's kernels: the tier's groups, each on the
+        // lines it names.
+        match test_vm::run(root, &[], tier) {
             Ok(vm) => rows.extend(vm),
             Err(e) => rows.push(outcomes::Row {
                 place: "vm".into(),
@@ -312,6 +360,14 @@ fn test(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
         );
     }
     let failed = outcomes::print_summary(&rows);
+    match tier {
+        Tier::Ci => println!(
+            "(the CI tier, {:.0} s; `cargo xtask test --full` adds the detector matrix in the test VMs, \
+             the cache-line VMs, the fuzz smoke runs and the long real-node checks)",
+            budget.elapsed().as_secs_f64()
+        ),
+        Tier::Full => println!("(the full tier, {:.0} s)", budget.elapsed().as_secs_f64()),
+    }
     if failed > 0 {
         bail!("{failed} test(s) failed (see the table above)");
     }

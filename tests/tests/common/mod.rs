@@ -154,12 +154,27 @@ pub fn kernel_with(tracepoints: &[&str]) -> Option<MutexGuard<'static, ()>> {
     Some(guard)
 }
 
-fn tracefs_root() -> PathBuf {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("events").is_dir())
-        .unwrap_or_else(|| PathBuf::from("/sys/kernel/tracing"))
+/// The tracefs root, mounted at /sys/kernel/tracing when no tracefs is (as
+/// slotprof itself does: a view of kernel state, no setting changed; a
+/// fresh boot has none, and the checks of which tracepoints this kernel
+/// has would otherwise find none).
+pub fn tracefs_root() -> PathBuf {
+    let find = || {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("events").is_dir())
+    };
+    if let Some(root) = find() {
+        return root;
+    }
+    let mounted = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status();
+    find().unwrap_or_else(|| {
+        eprintln!("tracefs is not mounted and mounting it failed ({mounted:?})");
+        PathBuf::from("/sys/kernel/tracing")
+    })
 }
 
 fn kernel_release() -> String {
@@ -741,4 +756,112 @@ pub fn start_validator(dir: &Path, port: u16, slots: u32, extra: &[&str]) -> std
         .args(&args)
         .spawn()
         .expect("start synthetic-validator")
+}
+
+/// The kernel's own tracer, as an independent counter: a tracefs instance
+/// of its own (a ring buffer and event switches apart from the top-level
+/// ones, which stay as they were), with the given events on and each
+/// event's thread-group id recorded. Removed when dropped, panics
+/// included, so nothing it changed outlives it.
+pub struct TraceInstance {
+    dir: PathBuf,
+}
+
+/// One event the tracer recorded: the process (thread group), the event's
+/// name and its formatted fields.
+#[derive(Clone, Debug)]
+pub struct TracedEvent {
+    /// Seconds on the tracer's clock.
+    pub ts: f64,
+    pub tgid: Option<u32>,
+    pub event: String,
+    pub fields: String,
+}
+
+impl TraceInstance {
+    /// An instance recording `events` ("category:name"), `buffer_kb` of
+    /// ring per CPU; None (with why) when tracefs or an event is missing.
+    pub fn start(events: &[&str], buffer_kb: u32) -> Result<Self, String> {
+        let root = tracefs_root();
+        // A name no other run uses (mkdir fails on an existing one).
+        let scratch = scratch("trace");
+        let name = scratch.file_name().unwrap().to_string_lossy().replace('.', "-");
+        let _ = std::fs::remove_dir(&scratch);
+        let dir = root.join("instances").join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let me = Self { dir };
+        let set = |file: &str, value: &str| {
+            std::fs::write(me.dir.join(file), value).map_err(|e| format!("{file} <- {value}: {e}"))
+        };
+        set("buffer_size_kb", &buffer_kb.to_string())?;
+        set("options/record-tgid", "1")?;
+        for e in events {
+            let (cat, name) = e
+                .split_once(':')
+                .ok_or_else(|| format!("{e}: not category:name"))?;
+            set(&format!("events/{cat}/{name}/enable"), "1")?;
+        }
+        set("tracing_on", "1")?;
+        Ok(me)
+    }
+
+    /// Stops recording and returns what was recorded; fails when the ring
+    /// overran (a count short of lost events would not be the truth).
+    pub fn stop(&self) -> Vec<TracedEvent> {
+        std::fs::write(self.dir.join("tracing_on"), "0").expect("tracing_on <- 0");
+        for cpu in std::fs::read_dir(self.dir.join("per_cpu"))
+            .expect("per_cpu")
+            .flatten()
+        {
+            let stats = std::fs::read_to_string(cpu.path().join("stats")).unwrap_or_default();
+            for key in ["overrun: ", "dropped events: "] {
+                let n = stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                assert_eq!(
+                    n,
+                    0,
+                    "the trace ring lost events ({key}{n}): {}",
+                    cpu.path().display()
+                );
+            }
+        }
+        let text = std::fs::read_to_string(self.dir.join("trace")).expect("read trace");
+        text.lines().filter_map(parse_trace_line).collect()
+    }
+}
+
+impl Drop for TraceInstance {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
+        // Removing the instance frees its ring and its event switches.
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!("cannot remove the tracefs instance {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// `  comm-tid  (  tgid) [cpu] flags  ts: event: fields` (options/record-tgid).
+pub fn parse_trace_line(line: &str) -> Option<TracedEvent> {
+    if line.starts_with('#') {
+        return None;
+    }
+    // The tgid's parentheses are the last before the CPU's brackets (a
+    // thread's name may hold either).
+    let close = line.find(") [")?;
+    let open = line[..close].rfind('(')?;
+    let tgid = line[open + 1..close].trim().parse().ok();
+    let after = &line[close..];
+    let at = after.find(": ")?;
+    let ts = after[..at].rsplit(' ').next()?.parse().ok()?;
+    let rest = &after[at + 2..];
+    let (event, fields) = rest.split_once(": ").unwrap_or((rest, ""));
+    Some(TracedEvent {
+        ts,
+        tgid,
+        event: event.trim().to_string(),
+        fields: fields.to_string(),
+    })
 }

@@ -23,18 +23,29 @@ mod kernel;
 mod modules;
 mod qemu;
 
-use crate::outcomes::{Outcome, Row};
+use crate::{
+    outcomes::{Outcome, Row},
+    Tier,
+};
 use anyhow::{bail, Context};
 use initramfs::*;
 use kernel::*;
 use qemu::*;
 
 /// Test executables (cargo test targets of slotprof-tests) run in the VMs:
-/// the detectors against their stall programs and fixed twins, and the
-/// spine they stand on, and of `run` the packaged unit under systemd.
-/// `slots` needs a browser and `host` a KVM host of its own; they stay on
-/// the development machine.
-const SCENARIOS: &[&str] = &["spine", "detectors", "unwind", "cache_lines", "run"];
+/// the probes' own checks, the detectors against their stall programs and
+/// fixed twins, the spine they stand on, the uprobe slot source, and of
+/// `run` the packaged unit under systemd. `host` needs a KVM host of its
+/// own; it stays on the development machine.
+const SCENARIOS: &[&str] = &[
+    "probes",
+    "spine",
+    "detectors",
+    "unwind",
+    "slots",
+    "cache_lines",
+    "run",
+];
 
 /// One boot per group and kernel.
 struct Group {
@@ -52,9 +63,9 @@ struct Group {
     test_limit: Duration,
     /// How long the VM may run, boot to power-off.
     vm_limit: Duration,
-    /// Only the tests whose names hold this (None: every test of the
-    /// scenarios).
-    tests: Option<&'static str>,
+    /// Only the tests whose `binary::test` name holds one of these (empty:
+    /// every test of the scenarios).
+    tests: &'static [&'static str],
     /// Boot systemd as PID 1 and run the tests from a unit of its own
     /// (the packaged unit's test needs a real service manager).
     systemd: bool,
@@ -63,6 +74,9 @@ struct Group {
     lines: &'static [&'static str],
     /// Boot with the disk (the memory-pressure test's temporary directory).
     disk: bool,
+    /// The tier from which it runs: `Ci` groups run in both tiers, `Full`
+    /// ones only in `cargo xtask test --full` (and `cargo xtask test-vm`).
+    tier: Tier,
     /// About how long a run of the whole group takes on CI's machine,
     /// initramfs and boot included: not started when the test budget has
     /// less left (see `budget`).
@@ -70,16 +84,46 @@ struct Group {
 }
 
 const GROUPS: &[Group] = &[
+    // What differs between kernels, in the CI tier: every program loads,
+    // passes this kernel's verifier and attaches (or its tracepoint is
+    // not in this kernel, checked in tracefs), and one short session per
+    // probe family yields its events, checked against the workload's own
+    // count or the kernel's tracer: scheduler switches, wakeups and CPU
+    // samples (the spine's first test, which also checks futex wakers
+    // through the system-call probes), madvise through the system-call
+    // probes against tracefs (the purge detector's test), TLB flushes and
+    // page faults and compaction (`probes`), uprobes (the slot source).
+    Group {
+        name: "kernel",
+        scenarios: &["probes", "spine", "detectors", "slots"],
+        precise_ip: false,
+        test_limit: Duration::from_secs(240),
+        vm_limit: Duration::from_secs(900),
+        tests: &[
+            "probes::",
+            "spine::hot_function_and_blocking_call_are_where_the_program_says",
+            "detectors::sync_allocator_purge_fires_on_the_sync_twin_only_and_counts_right",
+            "slots::uprobe_slots_follow_the_programs_slot_function",
+        ],
+        systemd: false,
+        lines: &[],
+        disk: false,
+        tier: Tier::Ci,
+        expect: Duration::from_secs(240),
+    },
+    // The detector matrix: every detector's test, the spine and the
+    // unwinder, on each kernel (the full tier).
     Group {
         name: "main",
         scenarios: &["spine", "detectors", "unwind"],
         precise_ip: false,
         test_limit: Duration::from_secs(240),
         vm_limit: Duration::from_secs(900),
-        tests: None,
+        tests: &[],
         systemd: false,
         lines: &[],
         disk: true,
+        tier: Tier::Full,
         // 477 and 470 s in CI's VMs (6.1, 6.12; 2026-12-06).
         expect: Duration::from_secs(540),
     },
@@ -89,16 +133,16 @@ const GROUPS: &[Group] = &[
         precise_ip: true,
         // Each session attaches at TCG's usual speed and runs its
         // workload one instruction per block: 2.3-3.9 s an attach, the
-        // group 110 s (6.1) and 118 s (6.12) here. Run one instruction per
-        // block throughout, as before 2026-12-06, an attach took 98-202 s
-        // on 6.1 and 394 s on 6.12 (the BPF verifier ~1,000x slower), and
-        // the group up to 1,548 s: 6.12 was left out of CI for it.
+        // group about two minutes a kernel. Run one instruction per block
+        // throughout, an attach takes minutes (the BPF verifier ~1,000x
+        // slower).
         test_limit: Duration::from_secs(300),
         vm_limit: Duration::from_secs(900),
-        tests: None,
+        tests: &[],
         systemd: false,
         lines: &[],
         disk: false,
+        tier: Tier::Full,
         expect: Duration::from_secs(300),
     },
     // The packaged systemd unit under systemd 252 (the host's, copied in)
@@ -110,10 +154,11 @@ const GROUPS: &[Group] = &[
         precise_ip: false,
         test_limit: Duration::from_secs(300),
         vm_limit: Duration::from_secs(600),
-        tests: Some("the_packaged_unit_starts_profiles_reloads_and_stops_under_systemd"),
+        tests: &["the_packaged_unit_starts_profiles_reloads_and_stops_under_systemd"],
         systemd: true,
         lines: &["6.12"],
         disk: false,
+        tier: Tier::Ci,
         // 50 s of VM.
         expect: Duration::from_secs(120),
     },
@@ -185,7 +230,7 @@ pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 /// Runs the scenarios in the VMs, prints their table and returns a row per
 /// scenario and kernel (a VM that failed makes its scenarios FAIL rows; an
 /// error is a failure to set the VMs up).
-pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
+pub fn run(root: &Path, args: &[String], mut tier: Tier) -> anyhow::Result<Vec<Row>> {
     let mut kernels: Vec<String> = Vec::new();
     let mut only: Option<String> = None;
     let mut it = args.iter();
@@ -193,8 +238,9 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
         match a.as_str() {
             "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
             "--test" => only = Some(it.next().context("--test wants part of a test name")?.clone()),
+            "--ci" => tier = Tier::Ci,
             other => bail!(
-                "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART]"
+                "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART] [--ci]"
             ),
         }
     }
@@ -219,6 +265,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
         .iter()
         .flat_map(|k| GROUPS.iter().map(move |g| (k, g)))
         .filter(|(line, group)| asked || group.lines.is_empty() || group.lines.contains(&line.as_str()))
+        .filter(|(_, group)| tier == Tier::Full || group.tier == Tier::Ci)
         .collect();
     runs.sort_by_key(|(_, g)| g.expect);
     let budget = crate::budget::get();
@@ -233,7 +280,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<Vec<Row>> {
         // whole file's tests).
         let wanted = |b: &str, t: &str| {
             only.as_deref().is_none_or(|o| format!("{b}::{t}").contains(o))
-                && group.tests.is_none_or(|g| t.contains(g))
+                && (group.tests.is_empty() || group.tests.iter().any(|g| format!("{b}::{t}").contains(g)))
         };
         if let Err(why) = budget.fits(group.expect) {
             eprintln!("xtask: [{line}] the {} group is {why}", group.name);
