@@ -7,70 +7,43 @@ use std::collections::HashMap;
 
 use common::*;
 
-/// Enables the madvise syscall tracepoints in tracefs for the life of the
-/// guard and puts every setting back on drop (panics included).
-struct MadviseTrace {
-    dir: std::path::PathBuf,
-    saved: Vec<(std::path::PathBuf, String)>,
-}
+/// The madvise system call's tracepoints in a tracefs instance of the
+/// test's own (its own ring, sized for the run, checked for overruns:
+/// the top-level ring's size and state are whatever the machine left, and
+/// in one 6.1 test VM run it held 96 of 4,611 calls).
+struct MadviseTrace(TraceInstance);
 
 impl MadviseTrace {
     fn start() -> Option<Self> {
-        let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .iter()
-            .map(std::path::PathBuf::from)
-            .find(|p| p.join("events").is_dir())?;
-        let mut guard = Self {
-            dir: root.clone(),
-            saved: Vec::new(),
-        };
-        for f in [
-            "events/syscalls/sys_enter_madvise/enable",
-            "events/syscalls/sys_exit_madvise/enable",
-            "tracing_on",
-        ] {
-            let p = root.join(f);
-            let old = std::fs::read_to_string(&p).ok()?;
-            guard.saved.push((p.clone(), old.trim().to_string()));
-            std::fs::write(&p, "1").ok()?;
+        let events = ["syscalls:sys_enter_madvise", "syscalls:sys_exit_madvise"];
+        // ~770 calls a slot, two events each of ~100 bytes.
+        match TraceInstance::start(&events, 8 << 10) {
+            Ok(t) => Some(Self(t)),
+            Err(e) => {
+                eprintln!("{e}");
+                None
+            }
         }
-        Some(guard)
     }
 
     /// (calls, total ns) of madvise(DONTNEED|FREE) by thread `tid`, from
     /// the raw trace.
     fn purges_of(&self, tid: u32) -> (u64, u64) {
-        let text = std::fs::read_to_string(self.dir.join("trace")).unwrap_or_default();
-        let tag = format!("-{tid} ");
-        let ts = |line: &str| -> Option<u64> {
-            let before = line.split(": sys_").next()?;
-            let t = before.rsplit(' ').next()?.trim_end_matches(':');
-            Some((t.parse::<f64>().ok()? * 1e9) as u64)
-        };
-        let (mut calls, mut ns, mut open): (u64, u64, Option<(u64, bool)>) = (0, 0, None);
-        for line in text.lines().filter(|l| l.contains(&tag)) {
-            if line.contains("sys_madvise(") {
-                let purge = line.contains("behavior: 4)")
-                    || line.contains("behavior: 8)")
-                    || line.contains("behavior: 0x4)")
-                    || line.contains("behavior: 0x8)");
-                open = ts(line).map(|t| (t, purge));
-            } else if line.contains("sys_madvise ->") {
-                if let (Some((start, true)), Some(end)) = (open.take(), ts(line)) {
+        let (mut calls, mut ns, mut open): (u64, u64, Option<(f64, bool)>) = (0, 0, None);
+        for e in self.0.stop().iter().filter(|e| e.tid == tid) {
+            if e.text.starts_with("sys_madvise(") {
+                let purge = ["behavior: 4)", "behavior: 8)", "behavior: 0x4)", "behavior: 0x8)"]
+                    .iter()
+                    .any(|b| e.text.ends_with(b));
+                open = Some((e.ts, purge));
+            } else if e.text.starts_with("sys_madvise ->") {
+                if let Some((start, true)) = open.take() {
                     calls += 1;
-                    ns += end.saturating_sub(start);
+                    ns += ((e.ts - start).max(0.0) * 1e9) as u64;
                 }
             }
         }
         (calls, ns)
-    }
-}
-
-impl Drop for MadviseTrace {
-    fn drop(&mut self) {
-        for (p, v) in self.saved.iter().rev() {
-            let _ = std::fs::write(p, v);
-        }
     }
 }
 
@@ -389,12 +362,14 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
             .collect::<Vec<_>>()
     );
 
+    let steal_before = steal_ms();
     let (out, smooth_truth) = record(
         "gaps-smooth",
         &opts,
         "stall-gaps",
         &["--seconds", "5", "--smooth", "--slow-ms", &slow_ms],
     );
+    let stolen = steal_ms() - steal_before;
     // The smooth loop itself never stalls, but on a shared machine its
     // iterations still run long now and then: it waits for a CPU, or its
     // 0.5 ms sleep oversleeps (a CI host's timers stretched one to 12 ms).
@@ -422,13 +397,42 @@ fn main_loop_gaps_are_found_with_their_cause_and_none_on_the_smooth_twin() {
             iteration_of(f).unwrap()
         );
     }
-    assert!(
-        invented.is_empty(),
-        "gaps the smooth twin did not have, or of a cause the program's own count does not show: {:?}",
-        invented
-            .iter()
-            .map(|f| (&f["explanation"], iteration_of(f)))
+    let said = |v: &[&serde_json::Value]| {
+        v.iter()
+            .map(|f| (f["explanation"].clone(), iteration_of(f).cloned()))
             .collect::<Vec<_>>()
+    };
+    let (kinds, causes): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
+        invented.iter().copied().partition(|f| invented_kind(f));
+    assert!(
+        kinds.is_empty(),
+        "the smooth twin has no lock, drop or injected sleep, yet: {:?}",
+        said(&kinds)
+    );
+    // A gap whose cause the program's own count does not show: the host
+    // under this VM taking a vCPU away (steal) is counted by the guest
+    // neither as on-CPU nor as run-queue wait, so the two clocks disagree
+    // on what the time was; while the host stole, this negative check
+    // proves nothing, and says so with the figure (natively: 1 such run in
+    // 6 on 2026-12-06, every slow iteration 0.0 ms of run_delay, 5-25 ms
+    // walls for a 0.5 ms sleep).
+    if !causes.is_empty() && stolen > 0 && scale == 1 {
+        skip(
+            Need::QuietHost,
+            format!(
+                "the host under this VM stole {stolen} ms of CPU during the smooth twin's 5 s \
+                 (/proc/stat), and {} gap(s) had a cause the program's own count does not show: {:?}",
+                causes.len(),
+                said(&causes)
+            ),
+        );
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+        return;
+    }
+    assert!(
+        causes.is_empty(),
+        "gaps of a cause the program's own count does not show (the host stole {stolen} ms meanwhile): {:?}",
+        said(&causes)
     );
     eprintln!(
         "smooth twin: the program saw {} slow iterations itself",

@@ -226,7 +226,7 @@ impl Witness {
         Witness {
             stop,
             thread,
-            steal: steal_ticks(),
+            steal: steal_ticks_of([0, 1]),
             started: std::time::Instant::now(),
         }
     }
@@ -234,7 +234,7 @@ impl Witness {
     fn finish(self) -> HostSteadiness {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let times = self.thread.join().expect("the witness thread");
-        let after = steal_ticks();
+        let after = steal_ticks_of([0, 1]);
         // USER_HZ is 100 on Linux.
         let run = self.started.elapsed().as_secs_f64() * 100.0;
         let steal = [0, 1].map(|i| after[i].saturating_sub(self.steal[i]) as f64 / run.max(1.0));
@@ -259,15 +259,4 @@ impl Witness {
             steal,
         }
     }
-}
-
-/// Steal time of CPU 0 and CPU 1 (USER_HZ ticks) from /proc/stat.
-fn steal_ticks() -> [u64; 2] {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    [0, 1].map(|cpu| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("cpu{cpu} ")))
-            .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
-            .unwrap_or(0)
-    })
 }

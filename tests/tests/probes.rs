@@ -333,7 +333,7 @@ fn trace_lines_give_their_tgid_event_and_fields() {
         "     stall-alloc-4242    (   4240) [001] d..1.   123.456789: tlb_flush: pages:-1 reason:local mm shootdown (3)",
     )
     .unwrap();
-    assert_eq!(e.tgid, Some(4240));
+    assert_eq!((e.tid, e.tgid), (4242, Some(4240)));
     assert_eq!(e.ts, 123.456789);
     assert_eq!(e.event, "tlb_flush");
     assert_eq!(e.fields, "pages:-1 reason:local mm shootdown (3)");
@@ -341,7 +341,13 @@ fn trace_lines_give_their_tgid_event_and_fields() {
         "          <idle>-0       (-------) [000] d.h1.   1.000000: page_fault_user: address=0x1",
     )
     .unwrap();
-    assert_eq!(u.tgid, None);
+    assert_eq!((u.tid, u.tgid), (0, None));
     assert_eq!(u.event, "page_fault_user");
     assert!(parse_trace_line("# tracer: nop").is_none());
+    let m = parse_trace_line(
+        "    bank-loop-77  (    70) [000] .....  9.5: sys_madvise(start: 7f00, len_in: 10000, behavior: 4)",
+    )
+    .unwrap();
+    assert_eq!(m.tid, 77);
+    assert_eq!(m.text, "sys_madvise(start: 7f00, len_in: 10000, behavior: 4)");
 }

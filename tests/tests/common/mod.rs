@@ -773,9 +773,15 @@ pub struct TraceInstance {
 pub struct TracedEvent {
     /// Seconds on the tracer's clock.
     pub ts: f64,
+    /// The thread.
+    pub tid: u32,
     pub tgid: Option<u32>,
+    /// The event's name (a system call's events say `sys_NAME(args)` and
+    /// `sys_NAME -> ret` instead, whole in `text`).
     pub event: String,
     pub fields: String,
+    /// Everything after the timestamp.
+    pub text: String,
 }
 
 impl TraceInstance {
@@ -853,6 +859,7 @@ pub fn parse_trace_line(line: &str) -> Option<TracedEvent> {
     let close = line.find(") [")?;
     let open = line[..close].rfind('(')?;
     let tgid = line[open + 1..close].trim().parse().ok();
+    let tid = line[..open].trim_end().rsplit_once('-')?.1.parse().ok()?;
     let after = &line[close..];
     let at = after.find(": ")?;
     let ts = after[..at].rsplit(' ').next()?.parse().ok()?;
@@ -860,8 +867,33 @@ pub fn parse_trace_line(line: &str) -> Option<TracedEvent> {
     let (event, fields) = rest.split_once(": ").unwrap_or((rest, ""));
     Some(TracedEvent {
         ts,
+        tid,
         tgid,
         event: event.trim().to_string(),
         fields: fields.to_string(),
+        text: rest.to_string(),
     })
+}
+
+/// Steal time of each of `cpus` (USER_HZ ticks, 10 ms) from /proc/stat:
+/// the time the host under this VM ran something else while a vCPU had
+/// work, which the guest's own clocks count neither as running nor as
+/// waiting for a CPU.
+pub fn steal_ticks_of<const N: usize>(cpus: [usize; N]) -> [u64; N] {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    cpus.map(|cpu| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("cpu{cpu} ")))
+            .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Steal time of the whole machine in ms, from /proc/stat's `cpu` line.
+pub fn steal_ms() -> u64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(8)?.parse::<u64>().ok())
+        .map_or(0, |ticks| ticks * 10)
 }

@@ -230,24 +230,13 @@ pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 /// Runs the scenarios in the VMs, prints their table and returns a row per
 /// scenario and kernel (a VM that failed makes its scenarios FAIL rows; an
 /// error is a failure to set the VMs up).
-pub fn run(root: &Path, args: &[String], mut tier: Tier) -> anyhow::Result<Vec<Row>> {
-    let mut kernels: Vec<String> = Vec::new();
-    let mut only: Option<String> = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
-            "--test" => only = Some(it.next().context("--test wants part of a test name")?.clone()),
-            "--ci" => tier = Tier::Ci,
-            other => bail!(
-                "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART] [--ci]"
-            ),
-        }
-    }
-    let asked = !kernels.is_empty();
-    if !asked {
-        kernels = DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect();
-    }
+pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>> {
+    let Asked {
+        kernels,
+        lines_asked: asked,
+        only,
+        tier,
+    } = Asked::parse(args, tier)?;
     if !crate::is_root() {
         bail!("test-vm installs QEMU and kernel packages with apt: run `sudo cargo xtask test-vm`");
     }
@@ -381,6 +370,47 @@ pub fn run(root: &Path, args: &[String], mut tier: Tier) -> anyhow::Result<Vec<R
         budget.took(&format!("the {} group on {line}", group.name), group_started);
     }
     report(table, &vm_failures, &cache, started, only)
+}
+
+/// What `cargo xtask test-vm` was asked for.
+struct Asked {
+    /// Kernel lines, the default ones when none was asked for.
+    kernels: Vec<String>,
+    /// Whether `--kernel` named them (a group then runs on every line
+    /// asked, whatever its own lines say).
+    lines_asked: bool,
+    /// `--test`: part of `binary::test`.
+    only: Option<String>,
+    tier: Tier,
+}
+
+impl Asked {
+    /// `[--kernel L]... [--test NAME-PART] [--ci]`.
+    fn parse(args: &[String], mut tier: Tier) -> anyhow::Result<Self> {
+        let mut kernels: Vec<String> = Vec::new();
+        let mut only: Option<String> = None;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--kernel" => kernels.push(it.next().context("--kernel wants a line, e.g. 6.1")?.clone()),
+                "--test" => only = Some(it.next().context("--test wants part of a test name")?.clone()),
+                "--ci" => tier = Tier::Ci,
+                other => bail!(
+                    "unknown argument {other:?}; usage: cargo xtask test-vm [--kernel 6.1]... [--test NAME-PART] [--ci]"
+                ),
+            }
+        }
+        let lines_asked = !kernels.is_empty();
+        if !lines_asked {
+            kernels = DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect();
+        }
+        Ok(Self {
+            kernels,
+            lines_asked,
+            only,
+            tier,
+        })
+    }
 }
 
 /// Outcomes and notes by (place, test): a kernel line and
