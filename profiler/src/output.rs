@@ -11,16 +11,25 @@ use anyhow::Context;
 /// have meant.
 pub fn read_text_bounded(path: &Path, max: u64) -> anyhow::Result<String> {
     use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        anyhow::bail!("not a regular file");
-    }
-    let mut text = String::new();
-    f.take(max + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > max {
-        anyhow::bail!("larger than {max} bytes: not a file slotprof reads");
-    }
-    Ok(text)
+    let read = || -> anyhow::Result<String> {
+        // (The caller names the file.)
+        let f = std::fs::File::open(path)?;
+        if !f.metadata()?.is_file() {
+            anyhow::bail!("not a regular file");
+        }
+        let mut bytes = Vec::new();
+        f.take(max + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > max {
+            anyhow::bail!("larger than {max} bytes: not a file slotprof reads");
+        }
+        String::from_utf8(bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "not text (byte {} is not UTF-8): not a file slotprof wrote",
+                e.utf8_error().valid_up_to()
+            )
+        })
+    };
+    read()
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

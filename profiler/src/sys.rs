@@ -73,8 +73,30 @@ pub fn process_exists(pid: u32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// Whether `pid` is a process that has not exited (a zombie, exited and
+/// not yet reaped by its parent, has not run since).
+pub fn is_running(pid: u32) -> bool {
+    if !process_exists(pid) {
+        return false;
+    }
+    // `pid (comm) S ...`: the state follows the last ')' (comm may hold one).
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(e) => !is_gone(&e),
+    }
+}
+
 /// Pins the calling thread to `cpu`; false when the kernel refused.
 pub fn pin_to_cpu(cpu: u32) -> bool {
+    // A cpu_set_t holds CPU_SETSIZE CPUs; CPU_SET past it panics (in a
+    // thread that cannot unwind: the daemon aborted, issue 42 case 1).
+    if cpu as usize >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_setaffinity
     // reads it.
     unsafe {
@@ -243,6 +265,30 @@ pub fn is_gone(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn case_10_an_exited_process_is_not_running_while_a_zombie_or_after() {
+        assert!(is_running(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited, not reaped: a zombie.
+        let t = std::time::Instant::now();
+        while is_running(pid) && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(process_exists(pid) && !is_running(pid), "a zombie is not running");
+        child.wait().unwrap();
+        assert!(!is_running(pid));
+    }
+
+    #[test]
+    fn case_1_pinning_to_a_cpu_past_the_cpu_set_fails_instead_of_aborting() {
+        // In a thread of its own: a success would pin the test's thread.
+        let pinned = std::thread::spawn(|| [64, 4096, 99_999, u32::MAX].map(pin_to_cpu))
+            .join()
+            .expect("pin_to_cpu panicked");
+        assert_eq!(pinned, [false; 4]);
+    }
 
     #[test]
     fn the_safe_wrappers_answer_sensibly() {

@@ -71,14 +71,49 @@ pub fn cache_line_path() -> CacheLinePath {
 
 /// Parses a kernel CPU list: `0-3,8,10-11`.
 pub fn parse_cpu_list(s: &str) -> anyhow::Result<Vec<u32>> {
+    let cpu = |t: &str| -> anyhow::Result<u32> {
+        let n: u32 = t.trim().parse()?;
+        // The kernel's own limit (NR_CPUS) is 8,192 on x86-64: a larger
+        // number is no CPU, and a range to it would be billions of them.
+        anyhow::ensure!(
+            n < MAX_CPUS,
+            "CPU {n}: no machine has it (CPUs are numbered below {MAX_CPUS})"
+        );
+        Ok(n)
+    };
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
-            Some((a, b)) => out.extend(a.trim().parse::<u32>()?..=b.trim().parse::<u32>()?),
-            None => out.push(part.trim().parse()?),
+            Some((a, b)) => out.extend(cpu(a)?..=cpu(b)?),
+            None => out.push(cpu(part)?),
         }
     }
     Ok(out)
+}
+
+/// CPU numbers are below this (x86-64's largest NR_CPUS).
+pub const MAX_CPUS: u32 = 8192;
+
+/// CPUs as the kernel writes a list: `0-3,8`.
+pub fn format_cpu_list(cpus: &[u32]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            sorted[i].to_string()
+        } else {
+            format!("{}-{}", sorted[i], sorted[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 impl Topology {
@@ -201,6 +236,17 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_refuse_numbers_no_machine_has_and_format_as_the_kernel_writes() {
+        assert_eq!(parse_cpu_list("0-3,8\n").unwrap(), vec![0, 1, 2, 3, 8]);
+        // A range to 2^32 - 1 would be four billion entries.
+        assert!(parse_cpu_list("0-4294967295").is_err());
+        assert!(parse_cpu_list("99999").is_err());
+        assert_eq!(format_cpu_list(&[8, 0, 1, 2, 3, 3, 10, 11]), "0-3,8,10-11");
+        assert_eq!(format_cpu_list(&[5]), "5");
+        assert_eq!(format_cpu_list(&[]), "");
+    }
 
     #[test]
     fn cpu_lists() {

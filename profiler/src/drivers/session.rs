@@ -73,10 +73,27 @@ enum Stop {
 
 /// Runs a session against `target` (and, for `record`, its held child).
 pub async fn run(opts: &SessionOptions, target: Target, held: Option<HeldChild>) -> anyhow::Result<Outcome> {
-    let mut live = Live::start(opts, target, held).await?;
+    let (pid, comm) = (target.pid, target.comm.clone());
+    let mut live = Live::start(opts, target, held)
+        .await
+        .map_err(|e| gone_while_attaching(e, pid, &comm))?;
     let stop = live.pump(opts).await?;
     let collected = live.collect(opts)?;
     report(opts, collected, stop).await
+}
+
+/// An attach that failed because the target exited meanwhile says so
+/// first (issue 42, case 10: a target gone mid-attach was reported as a
+/// missing CAP_SYS_PTRACE, the error of whichever /proc read came first).
+fn gone_while_attaching(e: anyhow::Error, pid: u32, comm: &str) -> anyhow::Error {
+    if crate::sys::is_running(pid) {
+        return e;
+    }
+    // (The /proc read that failed is no news: the process is gone.)
+    anyhow::anyhow!(
+        "pid {pid} ({comm}) exited while slotprof was attaching, before anything was profiled: \
+         attach again while it runs, or profile a command from its start with `slotprof record -- COMMAND`"
+    )
 }
 
 /// A session while it runs: the probes, the event stream and everything

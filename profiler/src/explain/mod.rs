@@ -121,7 +121,9 @@ pub fn read_node(dir: &Path) -> anyhow::Result<Read> {
     let mut read = Read::default();
     let mut seen = BTreeMap::new();
     for f in files {
-        let text = crate::output::read_text_bounded(&f, MAX_FILE_BYTES)?;
+        // Named: a binary file said only "stream did not contain valid UTF-8".
+        let text =
+            crate::output::read_text_bounded(&f, MAX_FILE_BYTES).with_context(|| f.display().to_string())?;
         // A session's slot.json is one pretty-printed object; an hour's
         // file one object per line.
         let records: Vec<&str> = if f.extension().is_some_and(|e| e == "json") {
@@ -167,7 +169,8 @@ fn read_blocks(dir: &Path, read: &mut Read) -> anyhow::Result<BTreeMap<u64, Bloc
         .collect();
     files.sort();
     for f in files {
-        let text = crate::output::read_text_bounded(&f, MAX_FILE_BYTES)?;
+        let text =
+            crate::output::read_text_bounded(&f, MAX_FILE_BYTES).with_context(|| f.display().to_string())?;
         for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             match serde_json::from_str::<BlockOutcome>(l) {
                 Ok(b) => {
@@ -679,6 +682,19 @@ mod tests {
         assert!(e.contains("--threshold"), "{e}");
         std::fs::write(&f, "{\"slot\": 1}\n").unwrap();
         assert!(Outcomes::read(&f, None).is_err());
+    }
+
+    #[test]
+    fn a_binary_file_where_slot_lines_go_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let hour = dir.path().join("node/hours/2026-12-05T14");
+        std::fs::create_dir_all(&hour).unwrap();
+        std::fs::write(hour.join("slots.jsonl"), b"{\"number\":1}\n\xff\xfe\x00binary").unwrap();
+        let e = format!("{:#}", read_node(&dir.path().join("node")).unwrap_err());
+        assert!(
+            e.contains("slots.jsonl") && e.contains("not text (byte 13 is not UTF-8)"),
+            "{e}"
+        );
     }
 
     #[test]

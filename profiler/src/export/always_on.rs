@@ -521,10 +521,11 @@ impl Exporter {
         let (start, end) = (summary.slot.start_ns, summary.slot.end_ns);
         h.span = Some(h.span.map_or((start, end), |(a, b)| (a.min(start), b.max(end))));
         h.lines.push(serde_json::to_string(summary).unwrap_or_default());
-        if h.lines.len() >= 64 {
-            let r = self.hour_lines_flush();
-            self.attempt(r);
-        }
+        // Each slot's line as it comes (issue 42, case 5: lines batched 64
+        // at a time were lost to a SIGKILL while their slot directories
+        // were already there): a kill loses at most the slot in flight.
+        let r = self.hour_lines_flush();
+        self.attempt(r);
         if self
             .hour
             .as_ref()
@@ -550,13 +551,10 @@ impl Exporter {
         std::fs::create_dir_all(&dir)?;
         let mut text = h.lines.join("\n");
         text.push('\n');
+        // Kept until written: a line that could not be (a full disk) is
+        // written with the next.
+        append_whole(&dir.join("slots.jsonl"), text.as_bytes())?;
         h.lines.clear();
-        let path = dir.join("slots.jsonl");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?;
-        f.write_all(text.as_bytes())?;
         if fresh {
             self.record(dir);
         } else if let Some(e) = self.ledger.iter_mut().find(|e| e.path == dir) {
@@ -687,6 +685,44 @@ impl SlotExport for Exporter {
     }
 }
 
+/// Appends `bytes` to `path`, a regular file of slotprof's own (created
+/// when missing), whole or not at all. Every other export file is written
+/// to a temporary file and renamed over; this one is appended in place,
+/// so (issue 42) a symbolic link there is refused (O_NOFOLLOW: case 2, a
+/// link to a root-owned file was followed and appended to), so is a file
+/// with other names (a hard link planted to a file outside), and a write
+/// that fails part-way (a full disk: case 7, a torn line later glued to
+/// the next record) is cut back to where it began.
+fn append_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot append to {} (a symbolic link there is refused)",
+                path.display()
+            )
+        })?;
+    let m = f.metadata()?;
+    anyhow::ensure!(
+        m.is_file() && m.nlink() == 1,
+        "{}: not slotprof's own file (a {} with {} names): not appended to; remove it to have it written again",
+        path.display(),
+        if m.is_file() { "regular file" } else { "special file" },
+        m.nlink()
+    );
+    let before = m.len();
+    if let Err(e) = f.write_all(bytes) {
+        let _ = f.set_len(before);
+        return Err(anyhow::Error::new(e).context(format!("cannot append to {}", path.display())));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 fn empty_profiles() -> Profiles {
     Profiles::default()
@@ -701,6 +737,61 @@ mod tests {
         assert_eq!(hour_name(0), "1970-01-01T00");
         assert_eq!(hour_name(1_796_000_000), "2026-11-30T00");
         assert_eq!(hour_name(951_782_400 + 3600 * 5), "2000-02-29T05");
+    }
+
+    #[test]
+    fn case_2_a_link_planted_where_slots_jsonl_goes_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "root's\n").unwrap();
+        let symlink = dir.path().join("a.jsonl");
+        std::os::unix::fs::symlink(&outside, &symlink).unwrap();
+        let e = append_whole(&symlink, b"{}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("symbolic link"), "{e:#}");
+        let hard = dir.path().join("b.jsonl");
+        std::fs::hard_link(&outside, &hard).unwrap();
+        let e = append_whole(&hard, b"{}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("2 names"), "{e:#}");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "root's\n");
+        // slotprof's own file is appended to.
+        let own = dir.path().join("c.jsonl");
+        append_whole(&own, b"1\n").unwrap();
+        append_whole(&own, b"2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&own).unwrap(), "1\n2\n");
+    }
+
+    /// Case 7: a write the file system cuts short (here RLIMIT_FSIZE, as a
+    /// full disk would) leaves no torn line: the file is as it was. Run in
+    /// a child process of this test (the limit is the process's).
+    #[test]
+    fn case_7_an_append_cut_short_leaves_the_file_as_it_was() {
+        const CHILD: &str = "SLOTPROF_APPEND_CHILD";
+        if let Some(path) = std::env::var_os(CHILD) {
+            // SAFETY: plain libc calls on this process's own settings.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit {
+                    rlim_cur: 10,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+            }
+            let r = append_whole(Path::new(&path), b"0123456789abcdef\n");
+            std::process::exit(if r.is_err() { 3 } else { 0 });
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slots.jsonl");
+        std::fs::write(&path, "{}\n").unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "export::always_on::tests::case_7_an_append_cut_short_leaves_the_file_as_it_was",
+            ])
+            .env(CHILD, &path)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(3), "the append past the limit must fail");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");
     }
 }
 

@@ -41,6 +41,9 @@ impl ProbeConfig {
         if cpus.as_ref().is_some_and(|c| c.is_empty()) {
             return Err("no CPU to probe: give a list such as 0-3,8".into());
         }
+        if let Some(c) = &cpus {
+            check_cpus(c, &online_cpus())?;
+        }
         Ok(Self { every, burst, cpus })
     }
 
@@ -53,6 +56,36 @@ impl ProbeConfig {
                 .unwrap_or_default()
         })
     }
+}
+
+/// The CPUs online now (/sys/devices/system/cpu/online; empty when it
+/// cannot be read).
+fn online_cpus() -> Vec<u32> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| crate::topology::parse_cpu_list(&s).ok())
+        .unwrap_or_default()
+}
+
+/// Every CPU `asked` for is one of `online` (issue 42, case 1: a CPU that
+/// does not exist was accepted, at start and by a reload, and the probe's
+/// thread then aborted the daemon pinning itself there). The error lists
+/// the CPUs there are. An unknown online set (sysfs unreadable) refuses
+/// nothing: pinning then fails per CPU, said by the probe.
+fn check_cpus(asked: &[u32], online: &[u32]) -> Result<(), String> {
+    let missing: Vec<String> = asked
+        .iter()
+        .filter(|c| !online.is_empty() && !online.contains(c))
+        .map(u32::to_string)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "CPU {} is not online on this machine; its online CPUs are {}",
+        missing.join(", "),
+        crate::topology::format_cpu_list(online)
+    ))
 }
 
 /// The running probe; [`RunningProbe::stop`] joins its threads.
@@ -139,5 +172,30 @@ impl RunningProbe {
         let mut w = std::mem::take(&mut *self.windows.lock().unwrap());
         w.sort_by_key(|w| w.ts_ns);
         w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_1_a_cpu_that_is_not_online_is_refused_with_the_online_list() {
+        let e = check_cpus(&[0, 99_999], &[0, 1]).unwrap_err();
+        assert!(
+            e.contains("CPU 99999 is not online") && e.contains("online CPUs are 0-1"),
+            "{e}"
+        );
+        assert!(check_cpus(&[5], &[0, 1]).unwrap_err().contains("CPU 5"));
+        assert!(check_cpus(&[1, 0], &[0, 1]).is_ok());
+        // Unknown online CPUs refuse nothing (pinning then fails per CPU).
+        assert!(check_cpus(&[7], &[]).is_ok());
+        // Through the one constructor the CLI, the file and a reload share.
+        let ms = Duration::from_millis;
+        let here = online_cpus();
+        if !here.is_empty() {
+            assert!(ProbeConfig::new(ms(100), ms(1), Some(vec![here[0], 99_999])).is_err());
+            assert!(ProbeConfig::new(ms(100), ms(1), Some(vec![here[0]])).is_ok());
+        }
     }
 }
