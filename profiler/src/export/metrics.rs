@@ -704,7 +704,12 @@ fn export_file(export_dir: &Path, path: &str) -> Response<Full<Bytes>> {
         Ok(f) => f,
         Err(_) => return not_found("no such file in the export (yet, or any more)"),
     };
+    // Only a file with no other name: a hard link planted in the export
+    // to a file outside it (issue 42, case 9: /etc/shadow was served) has
+    // two; every file slotprof writes has one.
+    use std::os::unix::fs::MetadataExt;
     match f.metadata() {
+        Ok(m) if m.is_file() && m.nlink() != 1 => return not_found("not a file of the export"),
         Ok(m) if m.is_file() && m.len() <= MAX_FILE => {}
         Ok(m) if m.is_file() => {
             return reply(
@@ -928,6 +933,10 @@ mod tests {
         std::fs::write(dir.join("slots/7/oncpu.svg"), "<svg/>").unwrap();
         std::fs::write(dir.join(".secret.tmp"), "temporary").unwrap();
         std::os::unix::fs::symlink("/etc/hostname", dir.join("slots/7/link.svg")).unwrap();
+        // Case 9: a hard link to a file outside the export.
+        let outside = std::env::temp_dir().join(format!("slotprof-metrics-outside-{}", std::process::id()));
+        std::fs::write(&outside, "secret").unwrap();
+        std::fs::hard_link(&outside, dir.join("slots/7/hard.svg")).unwrap();
         let svg = get("/slots/7/oncpu.svg").await;
         assert!(
             svg.starts_with("HTTP/1.1 200 OK") && svg.ends_with("<svg/>"),
@@ -941,6 +950,7 @@ mod tests {
             "/../../etc/hostname",
             "/slots/%2e%2e/%2e%2e/etc/hostname",
             "/slots/7/link.svg",
+            "/slots/7/hard.svg",
             "/.secret.tmp",
             "/slots/7",
             "/slots//7/oncpu.svg",
@@ -972,6 +982,7 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         server.abort();
         std::fs::remove_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_file(&outside);
     }
 
     /// Accepted sockets the server holds open: this process's TCP
