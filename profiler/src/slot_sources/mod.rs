@@ -53,6 +53,95 @@ pub fn plausible_advance(slots: u64, ns: u64) -> bool {
 /// How a discontinuity is said (once a session).
 pub const JUMP_WARNING: &str = "the slot source jumped";
 
+/// The largest slot number a source may give: 2^48 slots of 400 ms are
+/// 3.5 million years; anything above it (u64::MAX from a hostile RPC,
+/// whose estimated successors wrapped to 0, 1, 2, ...) is no slot.
+pub const MAX_SLOT: u64 = 1 << 48;
+
+/// What becomes of one slot number a source announced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admitted {
+    /// A new slot: it starts now.
+    Take,
+    /// The slot already taken (polling sees each slot many times).
+    Same,
+    /// Lower than the last slot taken: dropped (said once).
+    Backwards { last: u64 },
+    /// Within [`MIN_SLOT_NS`] of the last slot taken: a flood, dropped
+    /// (counted); no slot is that short.
+    TooSoon,
+    /// Above [`MAX_SLOT`]: dropped (said once).
+    Implausible,
+}
+
+/// Admits slot numbers from a source, one at a time, keeping the last
+/// taken: the one place a source's numbers are judged (issue 42: a flood
+/// of notifications held the session's stop for over a minute, numbers
+/// going backwards made the session one slot of 1 ns, u64::MAX wrapped).
+#[derive(Clone, Debug, Default)]
+pub struct Admission {
+    /// (slot, CLOCK_MONOTONIC ns) of the last slot taken.
+    last: Option<(u64, u64)>,
+    /// Numbers dropped as a flood, backwards or implausible.
+    pub dropped: u64,
+    said_backwards: bool,
+    said_implausible: bool,
+    said_jump: bool,
+}
+
+impl Admission {
+    /// Judges `slot`, announced at `now`; the warning to say, once each
+    /// kind a session, when there is one.
+    pub fn admit(&mut self, slot: u64, now: u64) -> (Admitted, Option<String>) {
+        let verdict = match self.last {
+            _ if slot > MAX_SLOT => Admitted::Implausible,
+            None => Admitted::Take,
+            Some((last, _)) if slot == last => Admitted::Same,
+            Some((last, _)) if slot < last => Admitted::Backwards { last },
+            Some((_, t)) if now.saturating_sub(t) < MIN_SLOT_NS => Admitted::TooSoon,
+            Some(_) => Admitted::Take,
+        };
+        let mut warning = None;
+        match verdict {
+            Admitted::Take => {
+                if let Some((last, t)) = self.last {
+                    let ns = now.saturating_sub(t);
+                    if !plausible_advance(slot - last, ns) && !std::mem::replace(&mut self.said_jump, true) {
+                        warning = Some(format!(
+                            "{JUMP_WARNING} from slot {last} to {slot} in {} ms: taken as a discontinuity \
+                             (no slots are filled in between); said once",
+                            ns / 1_000_000
+                        ));
+                    }
+                }
+                self.last = Some((slot, now));
+            }
+            Admitted::Same => {}
+            Admitted::Backwards { last } => {
+                self.dropped += 1;
+                if !std::mem::replace(&mut self.said_backwards, true) {
+                    warning = Some(format!(
+                        "the slot source went backwards, from slot {last} to {slot}: slot numbers below \
+                         the last one taken are dropped (is the RPC another node's, or did the node \
+                         restart from an older snapshot?); said once"
+                    ));
+                }
+            }
+            Admitted::TooSoon => self.dropped += 1,
+            Admitted::Implausible => {
+                self.dropped += 1;
+                if !std::mem::replace(&mut self.said_implausible, true) {
+                    warning = Some(format!(
+                        "the slot source gave slot {slot}, past any real slot (2^48): dropped, as every \
+                         such number; said once"
+                    ));
+                }
+            }
+        }
+        (verdict, warning)
+    }
+}
+
 /// Runs of consecutive slots from slot numbers in any order.
 pub fn leader_runs(mut slots: Vec<u64>) -> Vec<(u64, u64)> {
     slots.sort_unstable();
@@ -158,6 +247,9 @@ impl SlotLog {
         let mut prev: Option<u64> = None;
         for (i, (t, arg0)) in marks.into_iter().enumerate() {
             let n = match numbers {
+                // The target's own memory: a number past any real slot
+                // is no slot's (issue 42, case 8).
+                crate::slot_sources::SlotNumbers::FirstArgument if arg0 > MAX_SLOT => continue,
                 crate::slot_sources::SlotNumbers::FirstArgument => arg0,
                 crate::slot_sources::SlotNumbers::Counter => match (from_rpc[i], prev, first_numbered) {
                     (Some(n), _, _) => n,
@@ -273,6 +365,46 @@ impl SlotLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_takes_new_slots_and_drops_repeats_floods_backwards_and_impossible_numbers() {
+        let ms = 1_000_000;
+        let mut a = Admission::default();
+        assert_eq!(a.admit(100, 0), (Admitted::Take, None));
+        assert_eq!(a.admit(100, 10 * ms).0, Admitted::Same);
+        // Case 3: a flood (faster than one slot a millisecond) is dropped.
+        assert_eq!(a.admit(101, ms / 2).0, Admitted::TooSoon);
+        assert_eq!(a.admit(101, 400 * ms), (Admitted::Take, None));
+        // Case 6: backwards, said once, dropped each time.
+        let (v, w) = a.admit(50, 800 * ms);
+        assert_eq!(v, Admitted::Backwards { last: 101 });
+        assert!(w.unwrap().contains("went backwards, from slot 101 to 50"));
+        assert_eq!(a.admit(51, 1200 * ms), (Admitted::Backwards { last: 101 }, None));
+        // Case 8: u64::MAX is no slot, said once; the last taken stays.
+        let (v, w) = a.admit(u64::MAX, 1600 * ms);
+        assert_eq!(v, Admitted::Implausible);
+        assert!(w.unwrap().contains("past any real slot"));
+        assert_eq!(a.admit(MAX_SLOT + 1, 2000 * ms), (Admitted::Implausible, None));
+        assert_eq!(a.admit(102, 2000 * ms), (Admitted::Take, None));
+        // A jump is taken, said once as a discontinuity.
+        let (v, w) = a.admit(1_000_000, 2400 * ms);
+        assert_eq!(v, Admitted::Take);
+        assert!(w.unwrap().starts_with(JUMP_WARNING));
+        assert_eq!(a.admit(2_000_000, 2800 * ms), (Admitted::Take, None));
+        assert_eq!(a.dropped, 5);
+    }
+
+    #[test]
+    fn case_8_a_slot_functions_argument_past_any_real_slot_starts_no_slot() {
+        let log = SlotLog {
+            marks: vec![(1_000, 7), (400_000_000, u64::MAX), (800_000_000, 9)],
+            ..Default::default()
+        };
+        let t = log.uprobe_timeline(SlotNumbers::FirstArgument, 1_200_000_000);
+        let numbers: Vec<u64> = t.slots().iter().map(|s| s.number).collect();
+        assert!(!numbers.iter().any(|&n| n > MAX_SLOT), "{numbers:?}");
+        assert!(numbers.contains(&7) && numbers.contains(&9), "{numbers:?}");
+    }
 
     const MS: u64 = 1_000_000;
 

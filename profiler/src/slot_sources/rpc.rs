@@ -256,37 +256,82 @@ async fn fetch_schedule(rpc: &Rpc, identity: &str) -> anyhow::Result<EpochSchedu
     schedule_from(&info, schedule, identity)
 }
 
-/// Records a slot start; fetches the next epoch's schedule when it begins.
-async fn saw_slot(rpc: &Rpc, identity: &str, log: &SharedSlotLog, slot: u64) -> anyhow::Result<()> {
+/// What the follower keeps across connections.
+#[derive(Default)]
+struct Follower {
+    admission: super::Admission,
+    /// When a leader schedule was last fetched for a slot of an unknown
+    /// epoch (at most one fetch every [`SCHEDULE_EVERY`]: a hostile RPC
+    /// announcing slots of ever new epochs is not fetched from per slot).
+    last_fetch: Option<std::time::Instant>,
+    /// When the websocket last failed (silent, closed, garbage, a frame
+    /// too large): getSlot is polled instead until [`WS_RETRY`] later.
+    ws_failed: Option<std::time::Instant>,
+    said_ws: bool,
+}
+
+const SCHEDULE_EVERY: Duration = Duration::from_secs(10);
+const WS_RETRY: Duration = Duration::from_secs(60);
+
+/// Records a slot start as [`super::Admission`] judges it; fetches the
+/// next epoch's schedule when it begins.
+async fn saw_slot(
+    rpc: &Rpc,
+    identity: &str,
+    log: &SharedSlotLog,
+    follower: &mut Follower,
+    slot: u64,
+) -> anyhow::Result<()> {
     let now = monotonic_ns();
+    let (verdict, warning) = follower.admission.admit(slot, now);
     let known = {
         let mut l = log.lock().unwrap();
-        if let Some(&(last, last_t)) = l.starts.iter().max_by_key(|s| s.1) {
-            if slot > last
-                && !super::plausible_advance(slot - last, now.saturating_sub(last_t))
-                && !l.warnings.iter().any(|w| w.starts_with(super::JUMP_WARNING))
-            {
-                l.warnings.push(format!(
-                    "{} from slot {last} to {slot} in {} ms: taken as a discontinuity (no slots \
-                     are filled in between); said once",
-                    super::JUMP_WARNING,
-                    now.saturating_sub(last_t) / 1_000_000
-                ));
-            }
+        if let Some(w) = warning {
+            eprintln!("slotprof: warning: {w}");
+            l.warnings.push(w);
+        }
+        if verdict != super::Admitted::Take {
+            return Ok(());
         }
         l.starts.push((slot, now));
         l.epochs.iter().any(|e| e.contains(slot))
     };
-    if !known {
+    if !known && follower.last_fetch.is_none_or(|t| t.elapsed() >= SCHEDULE_EVERY) {
+        follower.last_fetch = Some(std::time::Instant::now());
         let e = fetch_schedule(rpc, identity).await?;
-        log.lock().unwrap().epochs.push(e);
+        let mut l = log.lock().unwrap();
+        if !l.epochs.contains(&e) {
+            l.epochs.push(e);
+        }
     }
     Ok(())
 }
 
-/// One connected stretch: identity, schedule, then slots until an error.
-/// `got_slots` is set once a slot was recorded in this stretch.
-async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyhow::Result<()> {
+/// How one connected stretch ended.
+enum Ended {
+    /// The websocket failed (the HTTP RPC answered): poll getSlot for a
+    /// while instead.
+    Websocket(anyhow::Error),
+    /// The RPC itself failed.
+    Rpc(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Ended {
+    fn from(e: anyhow::Error) -> Self {
+        Ended::Rpc(e)
+    }
+}
+
+/// One connected stretch: identity, schedule, then slots until an error
+/// (from the websocket unless it failed in the last [`WS_RETRY`], else by
+/// polling getSlot). `got_slots` is set once a slot was recorded in this
+/// stretch.
+async fn connected(
+    rpc: &Rpc,
+    log: &SharedSlotLog,
+    follower: &mut Follower,
+    got_slots: &mut bool,
+) -> Result<(), Ended> {
     let identity: Value = rpc.call("getIdentity", json!([])).await?;
     let identity = identity
         .get("identity")
@@ -306,44 +351,61 @@ async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyh
         }
         l.identity = Some(identity.clone());
     }
-    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-        .max_message_size(Some(WS_MESSAGE))
-        .max_frame_size(Some(WS_MESSAGE));
-    let ws = tokio::time::timeout(
-        CALL_TIMEOUT,
-        tokio_tungstenite::connect_async_with_config(rpc.ep.ws.as_str(), Some(config), true),
-    )
-    .await;
+    let ws = if follower.ws_failed.is_none_or(|t| t.elapsed() >= WS_RETRY) {
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(WS_MESSAGE))
+            .max_frame_size(Some(WS_MESSAGE));
+        tokio::time::timeout(
+            CALL_TIMEOUT,
+            tokio_tungstenite::connect_async_with_config(rpc.ep.ws.as_str(), Some(config), true),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+    } else {
+        None
+    };
     match ws {
-        Ok(Ok((mut ws, _))) => {
+        Some((mut ws, _)) => {
             let sub = json!({"jsonrpc": "2.0", "id": 1, "method": "slotSubscribe"});
-            ws.send(sub.to_string().into()).await?;
+            ws.send(sub.to_string().into())
+                .await
+                .map_err(|e| Ended::Websocket(e.into()))?;
             loop {
+                // A flood of ready messages still lets the session stop
+                // the task (its budget spent, the task yields).
+                tokio::task::consume_budget().await;
                 let msg = match tokio::time::timeout(WS_SILENCE, ws.next()).await {
-                    Err(_) => bail!(
-                        "the websocket {} sent no slot for {} s",
-                        rpc.ep.ws,
-                        WS_SILENCE.as_secs()
-                    ),
-                    Ok(None) => bail!("the websocket {} closed", rpc.ep.ws),
-                    Ok(Some(msg)) => msg?,
+                    Err(_) => {
+                        return Err(Ended::Websocket(anyhow!(
+                            "the websocket {} sent no slot for {} s",
+                            rpc.ep.ws,
+                            WS_SILENCE.as_secs()
+                        )))
+                    }
+                    Ok(None) => return Err(Ended::Websocket(anyhow!("the websocket {} closed", rpc.ep.ws))),
+                    Ok(Some(Err(e))) => return Err(Ended::Websocket(e.into())),
+                    Ok(Some(Ok(msg))) => msg,
                 };
                 let Ok(text) = msg.to_text() else { continue };
-                let Some(slot) = notification_slot(text)? else {
-                    continue;
+                let slot = match notification_slot(text) {
+                    Ok(Some(slot)) => slot,
+                    Ok(None) => continue,
+                    Err(e) => return Err(Ended::Websocket(e)),
                 };
-                saw_slot(rpc, &identity, log, slot).await?;
+                saw_slot(rpc, &identity, log, follower, slot).await?;
                 *got_slots = true;
                 log.lock().unwrap().healthy = true;
             }
         }
-        _ => {
+        None => {
             // No websocket: poll getSlot, every 20 ms (or a twentieth of
             // the measured slot length, if longer), on one kept-alive
-            // connection.
+            // connection, until the websocket is tried again.
             let mut last: Option<(u64, u64)> = None;
             let mut poll = MIN_POLL;
-            loop {
+            let polling = std::time::Instant::now();
+            while follower.ws_failed.is_none() || polling.elapsed() < WS_RETRY {
                 let slot: u64 = rpc.call("getSlot", json!([])).await?;
                 if last.is_none_or(|(s, _)| s != slot) {
                     let now = monotonic_ns();
@@ -353,13 +415,14 @@ async fn connected(rpc: &Rpc, log: &SharedSlotLog, got_slots: &mut bool) -> anyh
                             .max(Duration::from_nanos(slot_ns / 20))
                             .min(Duration::from_millis(100));
                     }
-                    saw_slot(rpc, &identity, log, slot).await?;
+                    saw_slot(rpc, &identity, log, follower, slot).await?;
                     *got_slots = true;
                     log.lock().unwrap().healthy = true;
                     last = Some((slot, now));
                 }
                 tokio::time::sleep(poll).await;
             }
+            Ok(())
         }
     }
 }
@@ -378,11 +441,31 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
     let mut backoff = Duration::from_millis(100);
     let mut ever_slots = false;
     let (mut warned_unreachable, mut warned_stopped) = (false, false);
+    let mut follower = Follower::default();
     loop {
         let mut got_slots = false;
-        let err = match connected(&rpc, &log, &mut got_slots).await {
+        let err = match connected(&rpc, &log, &mut follower, &mut got_slots).await {
             Ok(()) => continue,
-            Err(e) => e,
+            // The HTTP RPC answers: on with getSlot polling at once (issue
+            // 42, case 4: a silent, garbled or oversized websocket left the
+            // session without slots, reconnecting to it forever).
+            Err(Ended::Websocket(e)) => {
+                follower.ws_failed = Some(std::time::Instant::now());
+                if !std::mem::replace(&mut follower.said_ws, true) {
+                    let w = format!(
+                        "the slot source's websocket failed ({e:#}); slots come from getSlot polling \
+                         instead (the websocket is tried again every {} s); said once",
+                        WS_RETRY.as_secs()
+                    );
+                    eprintln!("slotprof: warning: {w}");
+                    log.lock().unwrap().warnings.push(w);
+                }
+                if got_slots {
+                    ever_slots = true;
+                }
+                continue;
+            }
+            Err(Ended::Rpc(e)) => e,
         };
         log.lock().unwrap().healthy = false;
         if got_slots {
@@ -670,6 +753,132 @@ mod tests {
         // Backoff 100, 200, 400, 800, 1600 ms: 5 or 6 tries in 3.5 s
         // (every 100 ms would be 35).
         assert!((3..=7).contains(&polls), "{polls} getSlot calls in 3.5 s");
+    }
+
+    /// How a fake websocket misbehaves once it has shaken hands.
+    #[derive(Clone, Copy)]
+    enum Ws {
+        Silent,
+        Garbage,
+        /// A binary frame announcing 2^62 bytes.
+        HugeFrame,
+        /// Well-formed slot notifications as fast as the socket takes them.
+        Flood,
+    }
+
+    /// A websocket server that misbehaves as `how` on every connection.
+    async fn fake_ws(how: Ws) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    match how {
+                        Ws::Silent => tokio::time::sleep(Duration::from_secs(3600)).await,
+                        Ws::Garbage => {
+                            let _ = ws.send("garbage{".into()).await;
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                        }
+                        Ws::HugeFrame => {
+                            let mut header = vec![0x82u8, 0x7f];
+                            header.extend((1u64 << 62).to_be_bytes());
+                            let _ = ws.get_mut().write_all(&header).await;
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                        }
+                        Ws::Flood => {
+                            for slot in 1_000u64.. {
+                                let n = format!(
+                                    r#"{{"jsonrpc":"2.0","method":"slotNotification","params":{{"result":{{"parent":{},"root":0,"slot":{slot}}},"subscription":0}}}}"#,
+                                    slot - 1
+                                );
+                                if ws.send(n.into()).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// An endpoint whose HTTP RPC is `http` and whose websocket is `ws`.
+    fn endpoint(http: SocketAddr, ws: SocketAddr) -> RpcEndpoint {
+        let mut ep = RpcEndpoint::parse(&format!("http://{http}")).unwrap();
+        ep.ws = format!("ws://{ws}");
+        ep
+    }
+
+    #[tokio::test]
+    async fn case_4_a_silent_garbled_or_oversized_websocket_falls_back_to_getslot_polling() {
+        for (how, name, wait) in [
+            (Ws::Garbage, "garbage", 1500),
+            (Ws::HugeFrame, "a 2^62-byte frame", 1500),
+            (Ws::Silent, "silence", 1500 + WS_SILENCE.as_millis() as u64),
+        ] {
+            let f = fake(node(|| "100".into())).await;
+            let ws = fake_ws(how).await;
+            let log = shared_log();
+            let _ = tokio::time::timeout(
+                Duration::from_millis(wait),
+                follow(endpoint(f.addr, ws), log.clone()),
+            )
+            .await;
+            let l = log.lock().unwrap();
+            let said: Vec<&String> = l
+                .warnings
+                .iter()
+                .filter(|w| w.contains("websocket failed"))
+                .collect();
+            assert_eq!(said.len(), 1, "{name}: {:?}", l.warnings);
+            assert!(f.calls("getSlot") > 0, "{name}: getSlot never polled");
+            assert_eq!(l.starts.iter().map(|s| s.0).collect::<Vec<_>>(), [100], "{name}");
+            assert!(l.healthy, "{name}");
+        }
+    }
+
+    #[test]
+    fn case_3_a_flood_of_notifications_is_dropped_past_one_a_millisecond_and_stop_is_prompt() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (http, ws) =
+            runtime.block_on(async { (fake(node(|| "100".into())).await.addr, fake_ws(Ws::Flood).await) });
+        // The fakes run on a runtime of their own thread; the follower on
+        // its own, as in a session.
+        let serve = std::thread::spawn(move || {
+            runtime.block_on(async { tokio::time::sleep(Duration::from_secs(4)).await })
+        });
+        let log = shared_log();
+        let (ep, l) = (endpoint(http, ws), log.clone());
+        let mut source = crate::background::Background::spawn("slots", move || follow(ep, l)).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let t = std::time::Instant::now();
+        source.abort();
+        let stop = t.elapsed();
+        assert!(
+            stop < Duration::from_secs(1),
+            "the slot thread held stop for {stop:?}"
+        );
+        let l = log.lock().unwrap();
+        let starts = l.starts.len();
+        // One a millisecond at most (in 1.5 s, a few connection set-ups less).
+        assert!(
+            (10..=1_600).contains(&starts),
+            "{starts} slots taken from a flood in 1.5 s"
+        );
+        assert!(l
+            .starts
+            .windows(2)
+            .all(|w| w[1].0 > w[0].0 && w[1].1 - w[0].1 >= super::super::MIN_SLOT_NS));
+        drop(l);
+        let _ = serve.join();
     }
 
     #[tokio::test]
