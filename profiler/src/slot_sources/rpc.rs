@@ -267,6 +267,9 @@ struct Follower {
     /// When the websocket last failed (silent, closed, garbage, a frame
     /// too large): getSlot is polled instead until [`WS_RETRY`] later.
     ws_failed: Option<std::time::Instant>,
+    /// Why the websocket failed, said once getSlot answers (when the HTTP
+    /// RPC is down too, the node is: said as that, not as this).
+    ws_unsaid: Option<String>,
     said_ws: bool,
 }
 
@@ -407,6 +410,16 @@ async fn connected(
             let polling = std::time::Instant::now();
             while follower.ws_failed.is_none() || polling.elapsed() < WS_RETRY {
                 let slot: u64 = rpc.call("getSlot", json!([])).await?;
+                if let Some(why) = follower.ws_unsaid.take() {
+                    follower.said_ws = true;
+                    let w = format!(
+                        "the slot source's websocket failed ({why}); slots come from getSlot polling \
+                         instead (the websocket is tried again every {} s); said once",
+                        WS_RETRY.as_secs()
+                    );
+                    eprintln!("slotprof: warning: {w}");
+                    log.lock().unwrap().warnings.push(w);
+                }
                 if last.is_none_or(|(s, _)| s != slot) {
                     let now = monotonic_ns();
                     if let Some((s, t)) = last.filter(|&(s, _)| slot > s) {
@@ -451,17 +464,14 @@ pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
             // session without slots, reconnecting to it forever).
             Err(Ended::Websocket(e)) => {
                 follower.ws_failed = Some(std::time::Instant::now());
-                if !std::mem::replace(&mut follower.said_ws, true) {
-                    let w = format!(
-                        "the slot source's websocket failed ({e:#}); slots come from getSlot polling \
-                         instead (the websocket is tried again every {} s); said once",
-                        WS_RETRY.as_secs()
-                    );
-                    eprintln!("slotprof: warning: {w}");
-                    log.lock().unwrap().warnings.push(w);
+                if !follower.said_ws {
+                    follower.ws_unsaid = Some(format!("{e:#}"));
                 }
                 if got_slots {
+                    // (An outage of the whole RPC counts from here.)
                     ever_slots = true;
+                    backoff = Duration::from_millis(100);
+                    failing_since = std::time::Instant::now();
                 }
                 continue;
             }
