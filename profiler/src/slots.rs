@@ -59,7 +59,8 @@ impl Timeline {
         Self { slots }
     }
 
-    /// Fixed-length slots covering `[from_ns, to_ns)`.
+    /// Fixed-length slots covering `[from_ns, to_ns)`, numbered from 0 at
+    /// `origin_ns`.
     pub fn clock(
         slot: Duration,
         origin_ns: u64,
@@ -67,15 +68,29 @@ impl Timeline {
         from_ns: u64,
         to_ns: u64,
     ) -> Self {
+        Self::clock_from(slot, (origin_ns, 0), leader, from_ns, to_ns)
+    }
+
+    /// [`Timeline::clock`] with the slot at `origin_ns` numbered `base`
+    /// (an always-on export continues the numbers already on its disk).
+    pub fn clock_from(
+        slot: Duration,
+        (origin_ns, base): (u64, u64),
+        leader: Option<(u64, u64)>,
+        from_ns: u64,
+        to_ns: u64,
+    ) -> Self {
         let len = slot.as_nanos() as u64;
         let first = from_ns.saturating_sub(origin_ns) / len;
         let mut slots = Vec::new();
-        let mut n = first;
+        let mut i = first;
         loop {
-            let start = origin_ns + n * len;
+            let start = origin_ns + i * len;
             if start >= to_ns {
                 break;
             }
+            let n = base + i;
+            i += 1;
             let is_leader = leader.is_some_and(|(k, m)| n % m < k);
             slots.push(Slot {
                 number: n,
@@ -85,7 +100,6 @@ impl Timeline {
                 window: is_leader.then(|| n - n % SLOTS_PER_WINDOW),
                 aligned: true,
             });
-            n += 1;
         }
         Self { slots }
     }

@@ -327,6 +327,41 @@ fn the_host_probes_attach_and_see_compaction() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The program cache's uprobes and uretprobes (one pair per function of
+/// the release's table, both copies of the verifier): every one attaches,
+/// and each runs once per call the program timed itself (JIT compilation
+/// calls itself once, which its uprobes see too).
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn the_program_cache_uprobes_attach_and_run_once_per_call() {
+    let Some(_k) = kernel() else { return };
+    let (out, truth) = record(
+        "probes-cache",
+        &["--probe-stats", "--program-cache", "on"],
+        "stall-program-cache",
+        &["--seconds", "3"],
+    );
+    let summary = read_json(&out.join("summary.json"));
+    // One row per function, its uprobe and uretprobe together: the
+    // table's six (the verifier's two copies among them).
+    let attached = attached_programs(&summary);
+    let pairs = attached.iter().filter(|a| *a == "slotprof_cache_enter").count();
+    assert_eq!(pairs, 6, "{}", summary["probes"]);
+    let calls = truth["calls"].as_array().unwrap();
+    let jits = calls.iter().filter(|c| c["kind"] == "jit").count() as u64;
+    assert!(jits > 0, "the program missed no program in 3 s: {calls:?}");
+    let want = calls.len() as u64 + jits;
+    for p in ["slotprof_cache_enter", "slotprof_cache_exit"] {
+        assert_eq!(
+            runs(&summary, p),
+            want,
+            "{p} runs vs the program's {} calls and {jits} inner JIT calls",
+            calls.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}
+
 #[test]
 fn trace_lines_give_their_tgid_event_and_fields() {
     let e = parse_trace_line(

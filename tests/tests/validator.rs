@@ -1855,7 +1855,7 @@ fn a_real_nodes_slots_pushed_to_pyroscope_and_otlp_equal_its_export() {
     if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
         skip(
             Need::Elsewhere,
-            "a real node's minute of pushing; `sudo cargo xtask validator --test a_real_nodes_slots_pushed` runs it",
+            "a real node's minute of pushing; `sudo cargo xtask test --full` or `sudo cargo xtask validator --test a_real_nodes_slots_pushed` runs it",
         );
         return;
     }

@@ -150,6 +150,32 @@ fn human(bytes: u64) -> String {
 pub(crate) use crate::output::hour_name;
 
 impl Exporter {
+    /// One past the highest slot number in the export: its `slots/`
+    /// directories and the last line of each hour's `slots.jsonl` (a slot
+    /// not exported whole has only that line).
+    pub fn next_slot_number(&self) -> u64 {
+        let dirs = std::fs::read_dir(self.dir.join("slots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok());
+        let lines = std::fs::read_dir(self.dir.join("hours"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| last_line_number(&e.path().join("slots.jsonl")));
+        let pending = self
+            .hour
+            .iter()
+            .flat_map(|h| h.lines.last())
+            .filter_map(|l| line_number(l));
+        dirs.chain(lines)
+            .chain(pending)
+            .filter(|&n| n <= crate::slot_sources::MAX_SLOT)
+            .max()
+            .map_or(0, |n| n + 1)
+    }
+
     /// Opens (creating) the export directory, removes what a crash left
     /// half-written, and takes stock of what is there for retention.
     pub fn open(config: &Config) -> anyhow::Result<Self> {
@@ -685,6 +711,28 @@ impl SlotExport for Exporter {
     }
 }
 
+/// The `number` of a slot summary line.
+fn line_number(line: &str) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Numbered {
+        number: u64,
+    }
+    serde_json::from_str::<Numbered>(line).ok().map(|n| n.number)
+}
+
+/// The number of the last whole line of a slots.jsonl (its last 64 KiB
+/// read: a line is a few KiB).
+fn last_line_number(path: &Path) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(64 << 10))).ok()?;
+    let mut tail = Vec::new();
+    f.take(64 << 10).read_to_end(&mut tail).ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    text.lines().rev().find_map(line_number)
+}
+
 /// Appends `bytes` to `path`, a regular file of slotprof's own (created
 /// when missing), whole or not at all. Every other export file is written
 /// to a temporary file and renamed over; this one is appended in place,
@@ -901,6 +949,36 @@ mod ledger_tests {
         .unwrap();
         let meta = plain_meta();
         (Exporter::open(&config).unwrap(), meta)
+    }
+
+    #[test]
+    fn case_11_a_restart_numbers_its_slots_after_those_in_the_export() {
+        let dir = tempfile::tempdir().unwrap();
+        let (e, _) = exporter_in(dir.path(), "all");
+        assert_eq!(e.next_slot_number(), 0, "an empty export starts at 0");
+        std::fs::create_dir_all(dir.path().join("slots/7")).unwrap();
+        std::fs::create_dir_all(dir.path().join("slots/not-a-number")).unwrap();
+        let hour = dir.path().join("hours/2026-12-07T03");
+        std::fs::create_dir_all(&hour).unwrap();
+        // Slots 10-12 had only their summary lines; a torn last line is
+        // passed over.
+        std::fs::write(
+            hour.join("slots.jsonl"),
+            "{\"number\":10}\n{\"number\":11}\n{\"number\":12}\n{\"numb",
+        )
+        .unwrap();
+        let (e, _) = exporter_in(dir.path(), "all");
+        assert_eq!(e.next_slot_number(), 13);
+        // And a clock source numbers from there.
+        let t = crate::slots::Timeline::clock_from(
+            Duration::from_millis(400),
+            (1_000, 13),
+            None,
+            1_000,
+            801_000_000,
+        );
+        let numbers: Vec<u64> = t.slots().iter().map(|s| s.number).collect();
+        assert_eq!(numbers, [13, 14, 15]);
     }
 
     #[test]

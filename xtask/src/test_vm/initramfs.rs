@@ -54,7 +54,7 @@ pub(super) fn build_initramfs(
     tests: &[(String, PathBuf)],
     wanted: &dyn Fn(&str, &str) -> bool,
     group: &Group,
-    disk_modules: Option<&[super::modules::Module]>,
+    boot: &Boot,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
     // The binaries, the stall programs built without frame pointers
@@ -102,7 +102,10 @@ pub(super) fn build_initramfs(
     // CPUs 0 and 1 are two sockets (QEMU's -smp below): two L3 domains in
     // the guest's sysfs, which the cache-line tests assert on.
     script.push_str("export SLOTPROF_TEST_VM_SOCKETS=2\n");
-    if disk_modules.is_some() && !group.systemd {
+    if !boot.modules.is_empty() && !group.systemd {
+        script.push_str(MODULES);
+    }
+    if boot.disk && !group.systemd {
         script.push_str(DISK_AND_CGROUP);
     }
     for (name, exe) in tests {
@@ -138,10 +141,10 @@ pub(super) fn build_initramfs(
         cpio.dir(Path::new(dir))?;
     }
     cpio.file(Path::new("bin/busybox"), busybox, 0o755)?;
-    if let Some(modules) = disk_modules {
+    if !boot.modules.is_empty() {
         // Named so that the shell's glob loads them in order.
         cpio.dir(Path::new("modules"))?;
-        for (i, m) in modules.iter().enumerate() {
+        for (i, m) in boot.modules.iter().enumerate() {
             cpio.bytes(
                 &PathBuf::from(format!("modules/{i:02}-{}.ko", m.name)),
                 &m.bytes,
@@ -359,25 +362,32 @@ run_one() {
 }
 "#;
 
-/// The disk the host made (an ext4 image on virtio-blk, its driver and
-/// what it needs modules of the kernel's package, in /modules in load
-/// order) as the temporary directory of the tests in [`DISK_TESTS`]: the
-/// initramfs is RAM, whose pages are not reclaimed without swap, so the
-/// memory-pressure test needs a disk under its file (the others keep
-/// theirs in RAM, as they were written for). And cgroup v2, with the
-/// memory controller, for its limit.
-pub(super) const DISK_AND_CGROUP: &str = r#"loaded=yes
-for m in /modules/*.ko; do
-  [ -f "$m" ] || { loaded=no; break; }
-  insmod "$m" || { echo "SLOTPROF-VM-DISK: insmod $m failed"; loaded=no; break; }
+/// What a boot brings besides the tests: modules of the kernel's package
+/// (in /modules, in load order) and whether it has the disk.
+pub(super) struct Boot<'a> {
+    pub(super) modules: &'a [super::modules::Module],
+    pub(super) disk: bool,
+}
+
+/// Loads /modules/*.ko in order; a module that does not load is said on
+/// the console (what needs it then says what it misses).
+pub(super) const MODULES: &str = r#"for m in /modules/*.ko; do
+  [ -f "$m" ] || break
+  insmod "$m" || echo "SLOTPROF-VM-MODULE: insmod $m failed"
 done
-if [ $loaded = yes ]; then
-  for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] && break; sleep 1; done
-  mkdir -p /disk
-  if mount -t ext4 /dev/vda /disk; then
-    DISK_DIR=/disk
-    echo "SLOTPROF-VM-DISK /disk (ext4 on virtio-blk) is TMPDIR of the tests that need a disk"
-  fi
+"#;
+
+/// The disk the host made (an ext4 image on virtio-blk, whose driver and
+/// what it needs [`MODULES`] loaded) as the temporary directory of the
+/// tests in [`DISK_TESTS`]: the initramfs is RAM, whose pages are not
+/// reclaimed without swap, so the memory-pressure test needs a disk under
+/// its file (the others keep theirs in RAM, as they were written for).
+/// And cgroup v2, with the memory controller, for its limit.
+pub(super) const DISK_AND_CGROUP: &str = r#"for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] && break; sleep 1; done
+mkdir -p /disk
+if mount -t ext4 /dev/vda /disk; then
+  DISK_DIR=/disk
+  echo "SLOTPROF-VM-DISK /disk (ext4 on virtio-blk) is TMPDIR of the tests that need a disk"
 fi
 mkdir -p /sys/fs/cgroup
 mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || true

@@ -74,6 +74,9 @@ struct Group {
     lines: &'static [&'static str],
     /// Boot with the disk (the memory-pressure test's temporary directory).
     disk: bool,
+    /// Kernel modules of the kernel's package to load at boot (with what
+    /// they depend on), for tracepoints a module defines.
+    modules: &'static [&'static str],
     /// The tier from which it runs: `Ci` groups run in both tiers, `Full`
     /// ones only in `cargo xtask test --full` (and `cargo xtask test-vm`).
     tier: Tier,
@@ -108,6 +111,9 @@ const GROUPS: &[Group] = &[
         systemd: false,
         lines: &[],
         disk: false,
+        // kvm:kvm_unmap_hva_range is kvm.ko's (it loads without VMX/SVM;
+        // only its vendor modules need them): `slotprof host` attaches to it.
+        modules: &["kvm"],
         tier: Tier::Ci,
         expect: Duration::from_secs(240),
     },
@@ -123,6 +129,7 @@ const GROUPS: &[Group] = &[
         systemd: false,
         lines: &[],
         disk: true,
+        modules: &[],
         tier: Tier::Full,
         // 477 and 470 s in CI's VMs (6.1, 6.12; 2026-12-06).
         expect: Duration::from_secs(540),
@@ -142,6 +149,7 @@ const GROUPS: &[Group] = &[
         systemd: false,
         lines: &[],
         disk: false,
+        modules: &[],
         tier: Tier::Full,
         expect: Duration::from_secs(300),
     },
@@ -158,6 +166,7 @@ const GROUPS: &[Group] = &[
         systemd: true,
         lines: &["6.12"],
         disk: false,
+        modules: &[],
         tier: Tier::Ci,
         // 50 s of VM.
         expect: Duration::from_secs(120),
@@ -224,6 +233,27 @@ fn disk_for(kernel: &Kernel, cache: &Path) -> Option<Disk> {
     }
 }
 
+/// The modules a group asks for, from `kernel`'s package; none (said: the
+/// tests that need their tracepoints say so in the VM) when they cannot be
+/// had.
+fn group_modules(kernel: &Kernel, group: &Group) -> Vec<modules::Module> {
+    if group.modules.is_empty() {
+        return Vec::new();
+    }
+    let dir = kernel
+        .vmlinux
+        .parent()
+        .map(|p| p.join("lib/modules").join(&kernel.release));
+    match dir.map(|d| modules::load_order(&d, group.modules)) {
+        Some(Ok(m)) => m,
+        Some(Err(e)) => {
+            eprintln!("xtask: the VM boots without {:?}: {e:#}", group.modules);
+            Vec::new()
+        }
+        None => Vec::new(),
+    }
+}
+
 /// Kernel lines tested when none is given.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 
@@ -283,8 +313,21 @@ pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>>
             None
         };
         let initramfs = cache.join(format!("initramfs-{}.cpio", std::process::id()));
-        let driver = disk.as_ref().map(|d| d.modules.as_slice());
-        let names = build_initramfs(root, &initramfs, &busybox, &group_tests, &wanted, group, driver)?;
+        let mut load = group_modules(&kernel, group);
+        load.extend(disk.iter().flat_map(|d| d.modules.iter().cloned()));
+        let boot_with = Boot {
+            modules: &load,
+            disk: disk.is_some(),
+        };
+        let names = build_initramfs(
+            root,
+            &initramfs,
+            &busybox,
+            &group_tests,
+            &wanted,
+            group,
+            &boot_with,
+        )?;
         if names.is_empty() {
             continue;
         }
@@ -320,7 +363,15 @@ pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>>
                     let log = |tag: &str| cache.join(format!("console-{line}-{}{tag}.log", group.name));
                     let _ = std::fs::rename(log(""), log("-first-run"));
                     let again = |b: &str, t: &str| failed.contains(&(b.to_string(), t.to_string()));
-                    build_initramfs(root, &initramfs, &busybox, &group_tests, &again, group, driver)?;
+                    build_initramfs(
+                        root,
+                        &initramfs,
+                        &busybox,
+                        &group_tests,
+                        &again,
+                        group,
+                        &boot_with,
+                    )?;
                     let second = boot(&kernel, &initramfs, line, group, &cache, image);
                     let _ = std::fs::remove_file(&initramfs);
                     if let Ok(second) = second {

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 
 /// A module to load: its name and its (decompressed) bytes.
+#[derive(Clone)]
 pub(super) struct Module {
     pub(super) name: String,
     pub(super) bytes: Vec<u8>,

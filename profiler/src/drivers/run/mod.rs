@@ -420,17 +420,24 @@ fn names_match(wanted: &str, comm: &str, exe_name: Option<&str>) -> bool {
 fn finished_slots(
     spec: &SlotSourceSpec,
     log: &SharedSlotLog,
-    origin: u64,
+    (origin, base): (u64, u64),
     after_ns: u64,
     now: u64,
 ) -> Vec<Slot> {
     let cutoff = now.saturating_sub(GRACE_NS);
     let timeline = match spec {
+        // An origin given is the user's numbering; the default one goes on
+        // from the export's.
         SlotSourceSpec::Clock {
             slot,
-            origin_ns,
+            origin_ns: Some(o),
             leader,
-        } => Timeline::clock(*slot, origin_ns.unwrap_or(origin), *leader, after_ns, cutoff),
+        } => Timeline::clock(*slot, *o, *leader, after_ns, cutoff),
+        SlotSourceSpec::Clock {
+            slot,
+            origin_ns: None,
+            leader,
+        } => Timeline::clock_from(*slot, (origin, base), *leader, after_ns, cutoff),
         SlotSourceSpec::Rpc(_) => log.lock().unwrap().timeline(now),
         SlotSourceSpec::Uprobe { numbers, .. } => log.lock().unwrap().uprobe_timeline(*numbers, now),
     };
@@ -510,7 +517,7 @@ async fn follow(
     signals: &mut Signals,
     lost_before: &mut HashMap<String, u64>,
 ) -> anyhow::Result<End> {
-    let mut f = Follow::start(config, &target, snapshot)?;
+    let mut f = Follow::start(config, &target, snapshot, exporter.next_slot_number())?;
     if let Some(p) = pusher.as_mut() {
         p.follow(&target.name(), f.slot_log.clone());
     }
@@ -600,8 +607,11 @@ struct Follow {
     ring: crate::kernel::ring_reader::RingReader,
     slot_log: SharedSlotLog,
     source_task: Option<crate::background::Background>,
-    /// When following began (CLOCK_MONOTONIC ns): a clock source's origin.
-    origin: u64,
+    /// When following began (CLOCK_MONOTONIC ns): a clock source's origin,
+    /// and the number its first slot takes there (issue 42, case 11: the
+    /// numbers already in the export are never taken again, across
+    /// restarts of slotprof and of the target).
+    origin: (u64, u64),
     sym: Symbolizer,
     maps_errors: crate::drivers::session::MapsErrors,
     phase: Option<Phase>,
@@ -616,7 +626,12 @@ struct Follow {
 
 impl Follow {
     /// Attaches to `target`, starts its slot source and the phase probe.
-    fn start(config: &Config, target: &Target, snapshot: &Arc<Mutex<Snapshot>>) -> anyhow::Result<Follow> {
+    fn start(
+        config: &Config,
+        target: &Target,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        next_number: u64,
+    ) -> anyhow::Result<Follow> {
         let slot_source = config.spec.slot_source.clone().unwrap_or(SlotSourceSpec::Clock {
             slot: Duration::from_millis(400),
             origin_ns: None,
@@ -667,7 +682,7 @@ impl Follow {
                 eprintln!("slotprof: warning: {w}");
             }
         });
-        let origin = monotonic_ns();
+        let origin = (monotonic_ns(), next_number);
         eprintln!(
             "slotprof: profiling {} (pid {}) at {} Hz; per-slot export in {}",
             target.comm,
@@ -688,7 +703,7 @@ impl Follow {
             psi,
             pending: Pending::default(),
             stacks: StackCache::default(),
-            processed_until: origin,
+            processed_until: origin.0,
             ticks: 0,
             losses: LossReport::default(),
         };
