@@ -336,15 +336,9 @@ pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>>
         let _ = std::fs::remove_file(&initramfs);
         match result {
             Ok(results) => {
-                let outcome = |results: &Results, bin: &String, test: &String| {
-                    results
-                        .get(&(bin.clone(), test.clone()))
-                        .cloned()
-                        .unwrap_or((Outcome::Fail, "did not run (the VM stopped before it)".into()))
-                };
                 let failed: BTreeSet<(String, String)> = names
                     .iter()
-                    .filter(|(b, t)| outcome(&results, b, t).0 == Outcome::Fail)
+                    .filter(|(b, t)| outcome_of(&results, b, t).0 == Outcome::Fail)
                     .cloned()
                     .collect();
                 // A test that failed gets one more run in a fresh VM (TCG
@@ -378,35 +372,8 @@ pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>>
                         retried = second;
                     }
                 }
-                for (bin, test) in &names {
-                    let key = (line.clone(), format!("{bin}::{test}"));
-                    let mut r = outcome(&results, bin, test);
-                    if let (Outcome::Fail, Err(why)) = (r.0, &again_fits) {
-                        r.1 = format!("{} (not run again: {why})", r.1);
-                    } else if r.0 == Outcome::Fail {
-                        let (o, note) = outcome(&retried, bin, test);
-                        r = match o {
-                            Outcome::Fail => (Outcome::Fail, format!("{} (and again: {note})", r.1)),
-                            // Passed only when run again: flaky, never
-                            // a plain pass.
-                            Outcome::Pass => (
-                                Outcome::Flaky,
-                                format!(
-                                    "passed on a second run; the first failed (console-{line}-{}-first-run.log): {}",
-                                    group.name, r.1
-                                ),
-                            ),
-                            o => (
-                                o,
-                                format!(
-                                    "on a second run; the first failed (console-{line}-{}-first-run.log): {}",
-                                    group.name, r.1
-                                ),
-                            ),
-                        };
-                    }
-                    table.insert(key, r);
-                }
+                let again = again_fits.as_ref().map(|_| &retried);
+                table.extend(judged(line, group, &names, &results, again));
             }
             Err(e) => {
                 vm_failures.push(format!("{line} ({}, {}): {e:#}", kernel.release, group.name));
@@ -421,6 +388,52 @@ pub fn run(root: &Path, args: &[String], tier: Tier) -> anyhow::Result<Vec<Row>>
         budget.took(&format!("the {} group on {line}", group.name), group_started);
     }
     report(table, &vm_failures, &cache, started, only)
+}
+
+/// A test's outcome in `results`; a test that has none did not run.
+fn outcome_of(results: &Results, bin: &str, test: &str) -> (Outcome, String) {
+    results
+        .get(&(bin.to_string(), test.to_string()))
+        .cloned()
+        .unwrap_or((Outcome::Fail, "did not run (the VM stopped before it)".into()))
+}
+
+/// Each test's row on `line`: its first run's outcome, or for one that
+/// failed, what its second run in a fresh VM made of it (FLAKY when it
+/// passed then, never a plain pass), or why it was not run again.
+fn judged(
+    line: &str,
+    group: &Group,
+    names: &[(String, String)],
+    first: &Results,
+    again: Result<&Results, &String>,
+) -> Results {
+    let mut table = Results::new();
+    for (bin, test) in names {
+        let key = (line.to_string(), format!("{bin}::{test}"));
+        let mut r = outcome_of(first, bin, test);
+        if r.0 == Outcome::Fail {
+            r = match again {
+                Err(why) => (Outcome::Fail, format!("{} (not run again: {why})", r.1)),
+                Ok(retried) => {
+                    let first_run = format!("console-{line}-{}-first-run.log", group.name);
+                    match outcome_of(retried, bin, test) {
+                        (Outcome::Fail, note) => (Outcome::Fail, format!("{} (and again: {note})", r.1)),
+                        (Outcome::Pass, _) => (
+                            Outcome::Flaky,
+                            format!("passed on a second run; the first failed ({first_run}): {}", r.1),
+                        ),
+                        (o, _) => (
+                            o,
+                            format!("on a second run; the first failed ({first_run}): {}", r.1),
+                        ),
+                    }
+                }
+            };
+        }
+        table.insert(key, r);
+    }
+    table
 }
 
 /// What `cargo xtask test-vm` was asked for.
