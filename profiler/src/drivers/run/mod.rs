@@ -115,7 +115,10 @@ struct Prepared {
 }
 
 async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
-    let config = load(o)?;
+    let mut config = load(o)?;
+    if let Some(w) = keep_export_dir(&mut config, running) {
+        eprintln!("slotprof: warning: {w}");
+    }
     if config.target != running.target {
         if let TargetSpec::Pid(p) = config.target {
             Target::from_pid(p).with_context(|| format!("target.pid = {p}"))?;
@@ -142,6 +145,22 @@ async fn prepare(o: &RunOptions, running: &Config) -> anyhow::Result<Prepared> {
         None
     };
     Ok(Prepared { config, listener })
+}
+
+/// export.dir applies at a restart only (the export's files, ledger and
+/// numbering are the running directory's): a reload keeps the running one
+/// and says so (the status line had named the new directory, where
+/// nothing was written). The warning, when the file changed it.
+fn keep_export_dir(new: &mut Config, running: &Config) -> Option<String> {
+    if new.export_dir == running.export_dir {
+        return None;
+    }
+    let asked = std::mem::replace(&mut new.export_dir, running.export_dir.clone());
+    Some(format!(
+        "export.dir = {} applies when slotprof restarts; until then the export stays in {}",
+        asked.display(),
+        running.export_dir.display()
+    ))
 }
 
 /// [`prepare`] for a SIGHUP, with systemd told that a reload began.
@@ -1177,6 +1196,28 @@ mod loss_report_tests {
         assert!(line.contains("2 ring_buffer_full, 1 late"), "{line}");
         r.last = Some(std::time::Instant::now() - Duration::from_secs(61));
         assert_eq!(r.check(&[("ring_buffer_full", 9), ("late", 1)], None), None);
+    }
+}
+
+#[cfg(test)]
+mod reload_tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_keeps_the_running_export_dir_and_says_the_new_one_waits_for_a_restart() {
+        let config =
+            |dir: &str| Config::parse(&format!("[target]\npid = 1\n[export]\ndir = \"{dir}\"\n")).unwrap();
+        let running = config("/var/lib/slotprof");
+        let mut same = config("/var/lib/slotprof");
+        assert_eq!(keep_export_dir(&mut same, &running), None);
+        let mut moved = config("/srv/elsewhere");
+        let w = keep_export_dir(&mut moved, &running).unwrap();
+        assert_eq!(moved.export_dir, running.export_dir);
+        assert!(
+            w.contains("/srv/elsewhere applies when slotprof restarts")
+                && w.contains("stays in /var/lib/slotprof"),
+            "{w}"
+        );
     }
 }
 
