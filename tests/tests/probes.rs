@@ -72,6 +72,17 @@ fn runs(summary: &serde_json::Value, program: &str) -> u64 {
         .unwrap_or_else(|| panic!("no run count for {program}: {}", summary["probe_cost"]))
 }
 
+/// slotprof's count of `what` within what the kernel's tracer bounds it
+/// by, `floor` (above zero: the workload made some) to `ceiling`.
+fn within_the_tracer(what: &str, slotprof: u64, (floor, ceiling): (u64, u64)) {
+    eprintln!("{what}: slotprof {slotprof}; the tracer's bounds [{floor}, {ceiling}]");
+    assert!(floor > 0, "{what}: the workload made none the tracer saw");
+    assert!(
+        (floor..=ceiling).contains(&slotprof),
+        "{what}: slotprof {slotprof}, outside the tracer's [{floor}, {ceiling}]"
+    );
+}
+
 /// The processes running `exe`.
 fn running(exe: &Path) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -219,14 +230,7 @@ fn every_program_attaches_and_each_family_counts_what_the_kernels_tracer_counts(
     if on("slotprof_tlb_flush") {
         let (after, all) = count("tlb_flush", &|e| !e.fields.trim_end().ends_with("(1)"));
         let slotprof = summary["tlb"]["flushes"].as_u64().unwrap();
-        eprintln!(
-            "TLB flushes by the target: slotprof {slotprof}; tracefs {after} from its exec, {all} in all"
-        );
-        assert!(after > 0, "the workload made no TLB flush the tracer saw");
-        assert!(
-            (after..=all).contains(&slotprof),
-            "TLB flushes: slotprof {slotprof}, outside tracefs' [{after} from the exec, {all} in all]"
-        );
+        within_the_tracer("TLB flushes by the target", slotprof, (after, all));
     }
 
     // Page faults: the program runs once per user fault of any process;
@@ -235,29 +239,14 @@ fn every_program_attaches_and_each_family_counts_what_the_kernels_tracer_counts(
         let (after, _) = count("page_fault_user", &|_| true);
         let machine = traced("page_fault_user", false).len() as u64;
         let n = runs(&summary, "slotprof_page_fault");
-        eprintln!(
-            "user page faults: slotprof's program ran {n}; tracefs: the target's from its exec {after}, the machine's {machine}"
-        );
-        assert!(after > 0, "the workload made no page fault the tracer saw");
-        assert!(
-            (after..=machine).contains(&n),
-            "page fault program runs {n}, outside tracefs' [{after} of the target, {machine} of the machine]"
-        );
+        within_the_tracer("user page fault program runs", n, (after, machine));
     }
 
     // Compaction: this test compacted every zone while the probes were on.
     if on("slotprof_direct_compaction_begin") {
         let tracer = traced("mm_compaction_begin", false).len() as u64;
         let n = runs(&summary, "slotprof_direct_compaction_begin");
-        eprintln!("compaction begins: slotprof's program ran {n}; tracefs {tracer}");
-        assert!(
-            tracer > 0,
-            "writing compact_memory made no mm_compaction_begin the tracer saw"
-        );
-        assert!(
-            (1..=tracer).contains(&n),
-            "compaction begin runs {n} vs tracefs {tracer}"
-        );
+        within_the_tracer("compaction begin program runs", n, (1, tracer));
         assert!(
             runs(&summary, "slotprof_mem_stall_end") >= 1,
             "no compaction end seen"
@@ -310,15 +299,7 @@ fn the_host_probes_attach_and_see_compaction() {
         summary["probes"]
     );
     let n = runs(&summary, "slotprof_compact_begin");
-    eprintln!("compaction begins: slotprof host's program ran {n}; tracefs {tracer}");
-    assert!(
-        tracer > 0,
-        "writing compact_memory made no mm_compaction_begin the tracer saw"
-    );
-    assert!(
-        (1..=tracer).contains(&n),
-        "compaction begin runs {n} vs tracefs {tracer}"
-    );
+    within_the_tracer("slotprof host's compaction begin program runs", n, (1, tracer));
     assert!(
         runs(&summary, "slotprof_compact_end") >= 1,
         "no compaction end seen"

@@ -880,20 +880,20 @@ pub fn parse_trace_line(line: &str) -> Option<TracedEvent> {
 /// work, which the guest's own clocks count neither as running nor as
 /// waiting for a CPU.
 pub fn steal_ticks_of<const N: usize>(cpus: [usize; N]) -> [u64; N] {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    cpus.map(|cpu| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("cpu{cpu} ")))
-            .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
-            .unwrap_or(0)
-    })
+    cpus.map(|cpu| steal_ticks(&format!("cpu{cpu} ")))
 }
 
 /// Steal time of the whole machine in ms, from /proc/stat's `cpu` line.
 pub fn steal_ms() -> u64 {
+    steal_ticks("cpu ") * 10
+}
+
+/// The steal column of /proc/stat's line starting with `line` (0 when
+/// unreadable).
+fn steal_ticks(line: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     text.lines()
-        .find(|l| l.starts_with("cpu "))
-        .and_then(|l| l.split_whitespace().nth(8)?.parse::<u64>().ok())
-        .map_or(0, |ticks| ticks * 10)
+        .find(|l| l.starts_with(line))
+        .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
+        .unwrap_or(0)
 }
