@@ -110,6 +110,34 @@ fn create_temp(dir: &Path, name: &str) -> std::io::Result<(std::path::PathBuf, s
     Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
+/// Whether `name` is one of [`create_temp`]'s or [`temp_dir_beside`]'s
+/// (`.NAME.tmp.` and 16 hex digits).
+pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
+    let b = name.as_encoded_bytes();
+    b.len() > 22
+        && b[0] == b'.'
+        && &b[b.len() - 21..b.len() - 16] == b".tmp."
+        && b[b.len() - 16..].iter().all(u8::is_ascii_hexdigit)
+}
+
+/// Removes the temporaries a killed writer left in `dir` (a file or
+/// directory being built when slotprof was killed; the names they were
+/// for are whole, as each appears by one rename). How many.
+pub fn remove_temps(dir: &Path) -> usize {
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !is_temp_name(&e.file_name()) {
+            continue;
+        }
+        let gone = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(e.path()),
+            _ => std::fs::remove_file(e.path()),
+        };
+        removed += gone.is_ok() as usize;
+    }
+    removed
+}
+
 /// A new, empty directory `.name.tmp.RANDOM` beside `dir` (mode 0755),
 /// made by this call (mkdir fails on a name that exists, a planted
 /// symlink included): where a directory is built before one rename makes

@@ -40,10 +40,30 @@ pub enum Fault {
     Huge,
 }
 
+/// A way for the fixture's websocket to misbehave (the fault soak), from
+/// the moment it is set, on every subscription.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WsFault {
+    #[default]
+    None,
+    /// Connected, but no notification is sent.
+    Silent,
+    /// A message that is not JSON in place of each notification.
+    Garbage,
+    /// Each notification sent 2,000 times over (the same slot: a flood
+    /// that does not move the node's numbering).
+    Flood,
+    /// A binary frame announcing 2^62 bytes, then nothing.
+    HugeFrame,
+    /// The connection closed at the next notification.
+    Close,
+}
+
 /// The running fixture; dropping it (or [`RpcFixture::stop`]) closes every
 /// socket.
 pub struct RpcFixture {
     fault: Arc<Mutex<Fault>>,
+    ws_fault: Arc<Mutex<WsFault>>,
     slot: Arc<Mutex<u64>>,
     slots: broadcast::Sender<u64>,
     stop: Option<oneshot::Sender<()>>,
@@ -59,9 +79,10 @@ impl RpcFixture {
         ws.set_nonblocking(true)?;
         let slot = Arc::new(Mutex::new(first_slot));
         let fault = Arc::new(Mutex::new(Fault::None));
+        let ws_fault = Arc::new(Mutex::new(WsFault::None));
         let (slots, _) = broadcast::channel(64);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let (s2, tx2, f2) = (slot.clone(), slots.clone(), fault.clone());
+        let (s2, tx2, f2, w2) = (slot.clone(), slots.clone(), fault.clone(), ws_fault.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -72,7 +93,7 @@ impl RpcFixture {
                 let ws = TcpListener::from_std(ws).unwrap();
                 tokio::select! {
                     _ = serve_http(http, chain, s2, f2) => {}
-                    _ = serve_ws(ws, tx2) => {}
+                    _ = serve_ws(ws, tx2, w2) => {}
                     _ = stop_rx => {}
                 }
             });
@@ -80,6 +101,7 @@ impl RpcFixture {
         });
         Ok(Self {
             fault,
+            ws_fault,
             slot,
             slots,
             stop: Some(stop_tx),
@@ -97,6 +119,11 @@ impl RpcFixture {
     /// How the HTTP answers go wrong from now on.
     pub fn set_fault(&self, fault: Fault) {
         *self.fault.lock().unwrap() = fault;
+    }
+
+    /// How the websocket misbehaves from now on.
+    pub fn set_ws_fault(&self, fault: WsFault) {
+        *self.ws_fault.lock().unwrap() = fault;
     }
 
     /// Stops answering: listeners and connections close.
@@ -236,13 +263,13 @@ pub fn answer(req: &Value, chain: &ChainConfig, slot: u64) -> Value {
     json!({"jsonrpc": "2.0", "result": result, "id": id})
 }
 
-async fn serve_ws(listener: TcpListener, slots: broadcast::Sender<u64>) {
+async fn serve_ws(listener: TcpListener, slots: broadcast::Sender<u64>, fault: Arc<Mutex<WsFault>>) {
     let mut next_sub = 0u64;
     while let Ok((stream, _)) = listener.accept().await {
         next_sub += 1;
-        let (rx, sub) = (slots.subscribe(), next_sub);
+        let (rx, sub, fault) = (slots.subscribe(), next_sub, fault.clone());
         tokio::spawn(async move {
-            let _ = handle_ws(stream, rx, sub).await;
+            let _ = handle_ws(stream, rx, sub, &fault).await;
         });
     }
 }
@@ -251,6 +278,7 @@ async fn handle_ws(
     stream: TcpStream,
     mut slots: broadcast::Receiver<u64>,
     sub: u64,
+    fault: &Mutex<WsFault>,
 ) -> anyhow_free::Result<()> {
     let mut ws = tokio_tungstenite::accept_async(stream).await?;
     // Wait for slotSubscribe.
@@ -275,7 +303,28 @@ async fn handle_ws(
                     "method": "slotNotification",
                     "params": {"result": {"parent": slot.saturating_sub(1), "root": slot.saturating_sub(32), "slot": slot}, "subscription": sub},
                 });
-                ws.send(note.to_string().into()).await?;
+                let fault = *fault.lock().unwrap();
+                match fault {
+                    WsFault::None => ws.send(note.to_string().into()).await?,
+                    WsFault::Silent => {}
+                    WsFault::Garbage => ws.send("garbage{".into()).await?,
+                    WsFault::Flood => {
+                        for _ in 0..2_000 {
+                            ws.feed(note.to_string().into()).await?;
+                        }
+                        ws.flush().await?;
+                    }
+                    WsFault::HugeFrame => {
+                        let mut header = vec![0x82u8, 0x7f];
+                        header.extend((1u64 << 62).to_be_bytes());
+                        ws.get_mut().write_all(&header).await?;
+                        // Nothing more: the client reads the header and
+                        // gives up on the connection.
+                        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                        return Ok(());
+                    }
+                    WsFault::Close => return Ok(()),
+                }
             }
             msg = ws.next() => {
                 if !matches!(msg, Some(Ok(_))) {

@@ -17,7 +17,14 @@ use anyhow::{bail, Context};
 use crate::outcomes::{Outcome, Row};
 
 /// Every fuzz target (`fuzz/fuzz_targets/NAME.rs`).
-pub const TARGETS: [&str; 5] = ["rpc_answer", "config", "folded", "ring_records", "tracefs_format"];
+pub const TARGETS: [&str; 6] = [
+    "rpc_answer",
+    "slot_source",
+    "config",
+    "folded",
+    "ring_records",
+    "tracefs_format",
+];
 
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 

@@ -64,7 +64,7 @@ fn verdicts(r: &serde_json::Value) -> Vec<(&'static str, bool, String)> {
     let rss_mib = r["rss_max_kib"].as_f64().unwrap_or(0.0) / 1024.0;
     let expected = f("expected_from_target_time");
     let accounted = f("accounted");
-    vec![
+    let mut v = vec![
         (
             "the daemon never exits, and ends cleanly at SIGTERM",
             r["died"].is_null() && r["exit_ok"] == true,
@@ -105,6 +105,48 @@ fn verdicts(r: &serde_json::Value) -> Vec<(&'static str, bool, String)> {
             accounted == f("summary_lines_on_disk"),
             format!("{accounted:.0} vs {:.0} lines", f("summary_lines_on_disk")),
         ),
+    ];
+    v.extend(kill_verdicts(&r["kills"]));
+    v
+}
+
+/// The kill loop's checks (issue 42): SIGKILL at random points, restart
+/// on the same directory, and the disk still agrees with itself.
+fn kill_verdicts(k: &serde_json::Value) -> Vec<(&'static str, bool, String)> {
+    let n = |f: &str| k[f].as_u64().unwrap_or(u64::MAX);
+    let kills = n("kills");
+    let exits: Vec<&str> = k["exits"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str())
+        .collect();
+    let leftovers = k["leftovers"].as_array().map_or(usize::MAX, Vec::len);
+    vec![
+        (
+            "kill loop: every slot directory has its summary line, and every line of a slot exported whole its directory but for the slot in flight (at most one a kill); no line torn or twice",
+            kills > 0
+                && kills != u64::MAX
+                && n("lines") > 0
+                && n("dirs_without_line") == 0
+                && n("full_lines_without_dir") <= kills
+                && n("duplicate_lines") == 0
+                && n("torn_lines") == 0,
+            format!(
+                "{kills} kills; {} slot directories, {} lines; {} directories without a line, {} lines without their directory (slots in flight), {} duplicate and {} torn lines",
+                n("slot_dirs"),
+                n("lines"),
+                n("dirs_without_line"),
+                n("full_lines_without_dir"),
+                n("duplicate_lines"),
+                n("torn_lines")
+            ),
+        ),
+        (
+            "kill loop: a restart removes what a kill left half-written, and slotprof never exits by itself",
+            leftovers == 0 && exits == ["exit status: 0"],
+            format!("{leftovers} temporaries left; exits: {exits:?}"),
+        ),
     ]
 }
 
@@ -138,7 +180,8 @@ fn section(r: &serde_json::Value, minutes: u64, seed: u64) -> String {
     let _ = writeln!(s, "{HEADING}\n");
     let _ = writeln!(
         s,
-        "`sudo cargo xtask soak --minutes {minutes} --seed {seed}`: `slotprof run` on the synthetic validator (RPC slot source served by the soak, export on a 2 GiB tmpfs, `export.full = \"findings\"`), one fault at a time every 10-30 s at random: the RPC gone 5-15 s, answers of the wrong type, 50 MB answers, the export disk filled below the floor then to just above it, 1,100 idle /metrics connections, SIGHUP with a good and with an unappliable file (its port taken), the target killed and restarted.\n"
+        "`sudo cargo xtask soak --minutes {minutes} --seed {seed}`: `slotprof run` on the synthetic validator (RPC slot source served by the soak, export on a 2 GiB tmpfs, `export.full = \"findings\"`), one fault at a time every 10-30 s at random: the RPC gone 5-15 s, answers of the wrong type, 50 MB answers, the export disk filled below the floor then to just above it, 1,100 idle /metrics connections, SIGHUP with a good and with an unappliable file (its port taken), the target killed and restarted, and the websocket for 10 s silent, sending garbage, flooding (each notification 2,000 times), announcing a 2^62-byte frame, or closing. Then the kill loop: `run` on an export of its own SIGKILLed {} times at random points 1-12 s after each start, restarted on the same directory each time, then stopped by SIGTERM.\n",
+        r["kills"]["kills"]
     );
     let mut counts: std::collections::BTreeMap<&str, u32> = Default::default();
     for f in r["faults"].as_array().into_iter().flatten() {

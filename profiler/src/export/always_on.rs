@@ -188,6 +188,12 @@ impl Exporter {
                 )
             })?;
         }
+        // What a kill left half-written beside the whole files (the hidden
+        // directories under slots/, windows/ and hours/ go below).
+        crate::output::remove_temps(&dir);
+        for h in std::fs::read_dir(dir.join("hours"))?.flatten() {
+            crate::output::remove_temps(&h.path());
+        }
         let mut found = Vec::new();
         for sub in ["slots", "windows", "hours"] {
             for e in std::fs::read_dir(dir.join(sub))?.filter_map(Result::ok) {
@@ -1074,5 +1080,37 @@ mod ledger_tests {
             .filter(|d| d.file_name().to_string_lossy().contains(".tmp."))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn what_a_kill_left_half_written_is_removed_when_the_export_is_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let hour = dir.path().join("hours/2026-12-07T06");
+        std::fs::create_dir_all(&hour).unwrap();
+        let temps = [
+            dir.path().join(".findings.json.tmp.0123456789abcdef"),
+            hour.join(".oncpu.svg.tmp.fedcba9876543210"),
+        ];
+        for t in &temps {
+            std::fs::write(t, b"half").unwrap();
+        }
+        let half_dir = dir.path().join("slots/.7.tmp.00000000000000ff");
+        std::fs::create_dir_all(half_dir.join("x")).unwrap();
+        // Not slotprof's temporaries: kept.
+        let kept = [
+            dir.path().join(".keep"),
+            hour.join(".x.tmp.0123"),
+            hour.join("slots.jsonl"),
+        ];
+        for k in &kept {
+            std::fs::write(k, b"mine").unwrap();
+        }
+        let _ = exporter_in(dir.path(), "all");
+        for t in temps.iter().chain([&half_dir]) {
+            assert!(!t.exists(), "{} left", t.display());
+        }
+        for k in &kept {
+            assert!(k.exists(), "{} removed", k.display());
+        }
     }
 }

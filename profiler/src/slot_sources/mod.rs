@@ -3,13 +3,14 @@
 //! [`SlotLog`]; at the end [`SlotLog::timeline`] turns it into the
 //! [`Timeline`] that everything is cut along.
 //!
-//! Here: the RPC follower ([`rpc`]), what became of the leader slots'
+//! Here: the RPC follower ([`rpc`], its state machine [`follower`]), what became of the leader slots'
 //! blocks ([`blocks`]), the slot log, and the parsed
 //! `--slot-source` ([`SlotSourceSpec`]). Not here: the timeline and its
 //! bucketing (`slots`), and the slot uprobe, which is one of the probes
 //! (`probes`, marks decoded by `events`).
 
 pub mod blocks;
+pub mod follower;
 pub mod rpc;
 mod spec;
 

@@ -21,8 +21,13 @@ use hyper_util::{
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{EpochSchedule, SharedSlotLog};
+use super::{
+    follower::{Follower, Mode, Step, WS_SILENCE},
+    EpochSchedule, SharedSlotLog,
+};
 use crate::slots::monotonic_ns;
+pub use tokio_tungstenite::tungstenite;
+use tungstenite::Message;
 
 /// Where to reach the RPC.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,13 +76,7 @@ const SMALL_ANSWER: usize = 64 << 10;
 /// ~3 MB of JSON).
 const SCHEDULE_ANSWER: usize = 8 << 20;
 /// The largest websocket message (a slot notification is ~150 bytes).
-const WS_MESSAGE: usize = 64 << 10;
-/// A websocket silent for this long has stopped (slots come every
-/// 400 ms).
-const WS_SILENCE: Duration = Duration::from_secs(5);
-/// `getSlot` is polled no faster than this (or a twentieth of the
-/// measured slot length when that is longer).
-const MIN_POLL: Duration = Duration::from_millis(20);
+pub const WS_MESSAGE: usize = 64 << 10;
 /// Bytes of a bad answer quoted in a message.
 const QUOTE: usize = 200;
 
@@ -256,51 +255,39 @@ async fn fetch_schedule(rpc: &Rpc, identity: &str) -> anyhow::Result<EpochSchedu
     schedule_from(&info, schedule, identity)
 }
 
-/// What the follower keeps across connections.
-#[derive(Default)]
-struct Follower {
-    admission: super::Admission,
-    /// When a leader schedule was last fetched for a slot of an unknown
-    /// epoch (at most one fetch every [`SCHEDULE_EVERY`]: a hostile RPC
-    /// announcing slots of ever new epochs is not fetched from per slot).
-    last_fetch: Option<std::time::Instant>,
-    /// When the websocket last failed (silent, closed, garbage, a frame
-    /// too large): getSlot is polled instead until [`WS_RETRY`] later.
-    ws_failed: Option<std::time::Instant>,
-    /// Why the websocket failed, said once getSlot answers (when the HTTP
-    /// RPC is down too, the node is: said as that, not as this).
-    ws_unsaid: Option<String>,
-    said_ws: bool,
+/// The websocket's limits: a message or frame of at most [`WS_MESSAGE`]
+/// bytes (a frame announcing more is an error before it is read).
+pub fn ws_config() -> tungstenite::protocol::WebSocketConfig {
+    tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(WS_MESSAGE))
+        .max_frame_size(Some(WS_MESSAGE))
 }
 
-const SCHEDULE_EVERY: Duration = Duration::from_secs(10);
-const WS_RETRY: Duration = Duration::from_secs(60);
-
-/// Records a slot start as [`super::Admission`] judges it; fetches the
-/// next epoch's schedule when it begins.
-async fn saw_slot(
+/// What a [`Step`] asks: its warnings said (stderr and the session's
+/// summary), its slot recorded, and the leader schedule fetched when the
+/// slot is of an epoch not known yet.
+async fn apply(
     rpc: &Rpc,
     identity: &str,
     log: &SharedSlotLog,
     follower: &mut Follower,
-    slot: u64,
+    step: Step,
+    now: u64,
 ) -> anyhow::Result<()> {
-    let now = monotonic_ns();
-    let (verdict, warning) = follower.admission.admit(slot, now);
     let known = {
         let mut l = log.lock().unwrap();
-        if let Some(w) = warning {
+        for w in step.warnings {
             eprintln!("slotprof: warning: {w}");
             l.warnings.push(w);
         }
-        if verdict != super::Admitted::Take {
+        let Some(slot) = step.take else {
             return Ok(());
-        }
+        };
         l.starts.push((slot, now));
+        l.healthy = true;
         l.epochs.iter().any(|e| e.contains(slot))
     };
-    if !known && follower.last_fetch.is_none_or(|t| t.elapsed() >= SCHEDULE_EVERY) {
-        follower.last_fetch = Some(std::time::Instant::now());
+    if !known && follower.fetch_schedule(now) {
         let e = fetch_schedule(rpc, identity).await?;
         let mut l = log.lock().unwrap();
         if !l.epochs.contains(&e) {
@@ -310,31 +297,10 @@ async fn saw_slot(
     Ok(())
 }
 
-/// How one connected stretch ended.
-enum Ended {
-    /// The websocket failed (the HTTP RPC answered): poll getSlot for a
-    /// while instead.
-    Websocket(anyhow::Error),
-    /// The RPC itself failed.
-    Rpc(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Ended {
-    fn from(e: anyhow::Error) -> Self {
-        Ended::Rpc(e)
-    }
-}
-
-/// One connected stretch: identity, schedule, then slots until an error
-/// (from the websocket unless it failed in the last [`WS_RETRY`], else by
-/// polling getSlot). `got_slots` is set once a slot was recorded in this
-/// stretch.
-async fn connected(
-    rpc: &Rpc,
-    log: &SharedSlotLog,
-    follower: &mut Follower,
-    got_slots: &mut bool,
-) -> Result<(), Ended> {
+/// One connected stretch: identity, schedule, then slots from the
+/// websocket or from getSlot polling, as the [`Follower`] says, until the
+/// mode changes (`Ok`) or an HTTP call fails (`Err`).
+async fn connected(rpc: &Rpc, log: &SharedSlotLog, follower: &mut Follower) -> anyhow::Result<()> {
     let identity: Value = rpc.call("getIdentity", json!([])).await?;
     let identity = identity
         .get("identity")
@@ -354,161 +320,95 @@ async fn connected(
         }
         l.identity = Some(identity.clone());
     }
-    let ws = if follower.ws_failed.is_none_or(|t| t.elapsed() >= WS_RETRY) {
-        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-            .max_message_size(Some(WS_MESSAGE))
-            .max_frame_size(Some(WS_MESSAGE));
-        tokio::time::timeout(
-            CALL_TIMEOUT,
-            tokio_tungstenite::connect_async_with_config(rpc.ep.ws.as_str(), Some(config), true),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok)
-    } else {
-        None
-    };
-    match ws {
-        Some((mut ws, _)) => {
-            let sub = json!({"jsonrpc": "2.0", "id": 1, "method": "slotSubscribe"});
-            ws.send(sub.to_string().into())
-                .await
-                .map_err(|e| Ended::Websocket(e.into()))?;
-            loop {
-                // A flood of ready messages still lets the session stop
-                // the task (its budget spent, the task yields).
-                tokio::task::consume_budget().await;
-                let msg = match tokio::time::timeout(WS_SILENCE, ws.next()).await {
-                    Err(_) => {
-                        return Err(Ended::Websocket(anyhow!(
-                            "the websocket {} sent no slot for {} s",
-                            rpc.ep.ws,
-                            WS_SILENCE.as_secs()
-                        )))
-                    }
-                    Ok(None) => return Err(Ended::Websocket(anyhow!("the websocket {} closed", rpc.ep.ws))),
-                    Ok(Some(Err(e))) => return Err(Ended::Websocket(e.into())),
-                    Ok(Some(Ok(msg))) => msg,
-                };
-                let Ok(text) = msg.to_text() else { continue };
-                let slot = match notification_slot(text) {
-                    Ok(Some(slot)) => slot,
-                    Ok(None) => continue,
-                    Err(e) => return Err(Ended::Websocket(e)),
-                };
-                saw_slot(rpc, &identity, log, follower, slot).await?;
-                *got_slots = true;
-                log.lock().unwrap().healthy = true;
-            }
-        }
-        None => {
-            // No websocket: poll getSlot, every 20 ms (or a twentieth of
-            // the measured slot length, if longer), on one kept-alive
-            // connection, until the websocket is tried again.
-            let mut last: Option<(u64, u64)> = None;
-            let mut poll = MIN_POLL;
-            let polling = std::time::Instant::now();
-            while follower.ws_failed.is_none() || polling.elapsed() < WS_RETRY {
+    match follower.connected(monotonic_ns()) {
+        Mode::Websocket => websocket(rpc, &identity, log, follower).await,
+        _ => {
+            // Every 20 ms (or a twentieth of the measured slot length, if
+            // longer), on one kept-alive connection, until the websocket
+            // is tried again.
+            while follower.keep_polling(monotonic_ns()) {
                 let slot: u64 = rpc.call("getSlot", json!([])).await?;
-                if let Some(why) = follower.ws_unsaid.take() {
-                    follower.said_ws = true;
-                    let w = format!(
-                        "the slot source's websocket failed ({why}); slots come from getSlot polling \
-                         instead (the websocket is tried again every {} s); said once",
-                        WS_RETRY.as_secs()
-                    );
-                    eprintln!("slotprof: warning: {w}");
-                    log.lock().unwrap().warnings.push(w);
-                }
-                if last.is_none_or(|(s, _)| s != slot) {
-                    let now = monotonic_ns();
-                    if let Some((s, t)) = last.filter(|&(s, _)| slot > s) {
-                        let slot_ns = now.saturating_sub(t) / (slot - s);
-                        poll = MIN_POLL
-                            .max(Duration::from_nanos(slot_ns / 20))
-                            .min(Duration::from_millis(100));
-                    }
-                    saw_slot(rpc, &identity, log, follower, slot).await?;
-                    *got_slots = true;
-                    log.lock().unwrap().healthy = true;
-                    last = Some((slot, now));
-                }
-                tokio::time::sleep(poll).await;
+                let now = monotonic_ns();
+                let step = follower.polled(slot, now);
+                apply(rpc, &identity, log, follower, step, now).await?;
+                tokio::time::sleep(follower.poll_every()).await;
             }
             Ok(())
         }
     }
 }
 
-/// Follows the RPC for as long as the session runs (cancel the task to stop).
-///
-/// Says once, with the reason, if the RPC gives no slots within the first
-/// seconds (down, or answering garbage), and once if it stops giving them
-/// for more than a second after it did (a blip, or the validator exiting
-/// with the session, is not worth a warning); retries with backoff (100 ms
-/// doubling to 5 s while it keeps failing).
+/// Slots from the websocket's notifications until it misbehaves (then
+/// `Ok`: the follower polls instead).
+async fn websocket(
+    rpc: &Rpc,
+    identity: &str,
+    log: &SharedSlotLog,
+    follower: &mut Follower,
+) -> anyhow::Result<()> {
+    let connect = tokio_tungstenite::connect_async_with_config(rpc.ep.ws.as_str(), Some(ws_config()), true);
+    let Some((mut ws, _)) = tokio::time::timeout(CALL_TIMEOUT, connect)
+        .await
+        .ok()
+        .and_then(Result::ok)
+    else {
+        follower.websocket_unreachable(monotonic_ns());
+        return Ok(());
+    };
+    let sub = json!({"jsonrpc": "2.0", "id": 1, "method": "slotSubscribe"});
+    if let Err(e) = ws.send(sub.to_string().into()).await {
+        follower.websocket_failed(&format!("slotSubscribe: {e}"), monotonic_ns());
+        return Ok(());
+    }
+    loop {
+        // A flood of ready messages still lets the session stop the task
+        // (its budget spent, the task yields).
+        tokio::task::consume_budget().await;
+        let text = match tokio::time::timeout(WS_SILENCE, ws.next()).await {
+            Err(_) => Err(format!(
+                "the websocket {} sent no slot for {} s",
+                rpc.ep.ws,
+                WS_SILENCE.as_secs()
+            )),
+            Ok(None) => Err(format!("the websocket {} closed", rpc.ep.ws)),
+            Ok(Some(Err(e))) => Err(format!("the websocket {}: {e}", rpc.ep.ws)),
+            Ok(Some(Ok(Message::Text(text)))) => Ok(text.as_str().to_owned()),
+            Ok(Some(Ok(Message::Close(_)))) => Err(format!("the websocket {} closed", rpc.ep.ws)),
+            // Binary, ping and pong frames carry no slot.
+            Ok(Some(Ok(_))) => continue,
+        };
+        let now = monotonic_ns();
+        let step = match text {
+            Ok(text) => follower.websocket_text(&text, now),
+            Err(why) => follower.websocket_failed(&why, now),
+        };
+        let leave = step.leave_websocket;
+        apply(rpc, identity, log, follower, step, now).await?;
+        if leave {
+            return Ok(());
+        }
+    }
+}
+
+/// Follows the RPC for as long as the session runs (cancel the task to
+/// stop): the I/O of the [`Follower`] state machine, which decides.
 pub async fn follow(ep: RpcEndpoint, log: SharedSlotLog) {
     let rpc = Rpc::new(ep);
-    let started = std::time::Instant::now();
-    let mut failing_since = started;
-    let mut backoff = Duration::from_millis(100);
-    let mut ever_slots = false;
-    let (mut warned_unreachable, mut warned_stopped) = (false, false);
-    let mut follower = Follower::default();
+    let mut follower = Follower::new(monotonic_ns());
     loop {
-        let mut got_slots = false;
-        let err = match connected(&rpc, &log, &mut follower, &mut got_slots).await {
-            Ok(()) => continue,
-            // The HTTP RPC answers: on with getSlot polling at once (issue
-            // 42, case 4: a silent, garbled or oversized websocket left the
-            // session without slots, reconnecting to it forever).
-            Err(Ended::Websocket(e)) => {
-                follower.ws_failed = Some(std::time::Instant::now());
-                if !follower.said_ws {
-                    follower.ws_unsaid = Some(format!("{e:#}"));
-                }
-                if got_slots {
-                    // (An outage of the whole RPC counts from here.)
-                    ever_slots = true;
-                    backoff = Duration::from_millis(100);
-                    failing_since = std::time::Instant::now();
-                }
-                continue;
+        let Err(e) = connected(&rpc, &log, &mut follower).await else {
+            continue;
+        };
+        let (warning, wait) = follower.rpc_failed(&format!("{e:#}"), &rpc.ep.url, monotonic_ns());
+        {
+            let mut l = log.lock().unwrap();
+            l.healthy = false;
+            if let Some(w) = warning {
+                eprintln!("slotprof: warning: {w}");
+                l.warnings.push(w);
             }
-            Err(Ended::Rpc(e)) => e,
-        };
-        log.lock().unwrap().healthy = false;
-        if got_slots {
-            ever_slots = true;
-            backoff = Duration::from_millis(100);
-            failing_since = std::time::Instant::now();
         }
-        let outage = failing_since.elapsed();
-        let warning = if ever_slots && !warned_stopped && outage > Duration::from_secs(1) {
-            warned_stopped = true;
-            Some(format!(
-                "the slot source rpc={} stopped answering ({err:#}); profiling goes on, and the \
-                 slots from here are estimated from the measured slot length and marked unaligned; \
-                 retrying with backoff",
-                rpc.ep.url
-            ))
-        } else if !ever_slots && !warned_unreachable && started.elapsed() > Duration::from_secs(2) {
-            warned_unreachable = true;
-            Some(format!(
-                "the slot source rpc={} answers with no slots ({err:#}); profiling goes on without slot \
-                 boundaries until it does (is the validator's RPC enabled on that port?); retrying \
-                 with backoff",
-                rpc.ep.url
-            ))
-        } else {
-            None
-        };
-        if let Some(w) = warning {
-            eprintln!("slotprof: warning: {w}");
-            log.lock().unwrap().warnings.push(w);
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(wait).await;
     }
 }
 

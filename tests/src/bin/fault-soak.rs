@@ -15,12 +15,19 @@
 //! - `sighup_good`: a changed, valid configuration and SIGHUP;
 //! - `sighup_unappliable`: a configuration whose metrics port is taken,
 //!   SIGHUP (refused), then the good one back;
-//! - `target_restart`: the target killed and started again 2 s later.
+//! - `target_restart`: the target killed and started again 2 s later;
+//! - `ws_silent`, `ws_garbage`, `ws_flood`, `ws_huge_frame`, `ws_close`:
+//!   for 10 s the websocket sends no notification, garbage in their
+//!   place, each 2,000 times, a frame header announcing 2^62 bytes, or
+//!   closes (HTTP answers well).
 //!
 //! Meanwhile it samples, every 2 s, whether the daemon lives, its RSS and
 //! whether /metrics answers. At the end: SIGTERM, and the accounting of
 //! slots (/metrics against the files on disk, and against the time the
-//! target ran). The report (JSON) goes to `--report`.
+//! target ran). Then the kill loop ([`kill_loop`]): `run` on an export
+//! of its own, SIGKILLed 20 times at random points and started again on
+//! the same directory, its slot directories and summary lines compared.
+//! The report (JSON) goes to `--report`.
 //!
 //! Flags: `--minutes M` (default 60), `--slotprof PATH`, `--report FILE`,
 //! `--seed S`.
@@ -39,12 +46,14 @@ use std::{
 
 use slotprof_tests::{
     private_temp_dir,
-    rpc_fixture::{ChainConfig, Fault, RpcFixture},
+    rpc_fixture::{ChainConfig, Fault, RpcFixture, WsFault},
     write_report, Flags,
 };
 
 const SLOT: Duration = Duration::from_millis(400);
 const FIRST_SLOT: u64 = 345_600_000;
+/// SIGKILLs of the kill loop.
+const KILLS: u32 = 20;
 
 /// A small xorshift: the faults' order and timing, reproducible by seed.
 struct Rng(u64);
@@ -94,6 +103,7 @@ struct Node {
     fixture: Mutex<Option<RpcFixture>>,
     slot: AtomicU64,
     fault: Mutex<Fault>,
+    ws_fault: Mutex<WsFault>,
 }
 
 impl Node {
@@ -105,6 +115,7 @@ impl Node {
                 match RpcFixture::start(self.port, chain(), self.slot.load(Ordering::Relaxed)) {
                     Ok(fx) => {
                         fx.set_fault(*self.fault.lock().unwrap());
+                        fx.set_ws_fault(*self.ws_fault.lock().unwrap());
                         *f = Some(fx);
                         return;
                     }
@@ -123,6 +134,12 @@ impl Node {
         *self.fault.lock().unwrap() = fault;
         if let Some(f) = self.fixture.lock().unwrap().as_ref() {
             f.set_fault(fault);
+        }
+    }
+    fn set_ws_fault(&self, fault: WsFault) {
+        *self.ws_fault.lock().unwrap() = fault;
+        if let Some(f) = self.fixture.lock().unwrap().as_ref() {
+            f.set_ws_fault(fault);
         }
     }
     fn tick(&self) {
@@ -263,6 +280,7 @@ fn main() {
         fixture: Mutex::new(None),
         slot: AtomicU64::new(FIRST_SLOT),
         fault: Mutex::new(Fault::None),
+        ws_fault: Mutex::new(WsFault::None),
     });
     node.start();
     let stop = Arc::new(AtomicBool::new(false));
@@ -352,6 +370,11 @@ fn main() {
         "sighup_good",
         "sighup_unappliable",
         "target_restart",
+        "ws_silent",
+        "ws_garbage",
+        "ws_flood",
+        "ws_huge_frame",
+        "ws_close",
     ];
     while Instant::now() < end && died.is_none() {
         let kind = kinds[(rng.next() % kinds.len() as u64) as usize];
@@ -431,7 +454,20 @@ fn main() {
                 target = Some(start_target(&bin, minutes));
                 target_since = Some(Instant::now());
             }
-            _ => unreachable!(),
+            ws => {
+                // The websocket misbehaves for 10 s (HTTP answers well):
+                // slotprof polls getSlot instead, and tries the websocket
+                // again a minute later.
+                node.set_ws_fault(match ws {
+                    "ws_silent" => WsFault::Silent,
+                    "ws_garbage" => WsFault::Garbage,
+                    "ws_flood" => WsFault::Flood,
+                    "ws_huge_frame" => WsFault::HugeFrame,
+                    _ => WsFault::Close,
+                });
+                w(Duration::from_secs(10), &mut daemon);
+                node.set_ws_fault(WsFault::None);
+            }
         }
         let gap = Duration::from_secs(rng.range(10, 30));
         w(
@@ -453,13 +489,6 @@ fn main() {
     let last = http_get(metrics, "/metrics").unwrap_or_default();
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let status = daemon.wait().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let _ = clock.join();
-    if let Some(mut t) = target.take() {
-        let _ = t.kill();
-        let _ = t.wait();
-    }
-    node.stop();
     let full = metric(&last, "slotprof_slots_exported_total{mode=\"full\"}");
     let summary = metric(&last, "slotprof_slots_exported_total{mode=\"summary\"}");
     let low_space = metric(&last, "slotprof_slots_not_exported_total{reason=\"low_space\"}");
@@ -477,6 +506,22 @@ fn main() {
     {
         lines += std::fs::read_to_string(h.path().join("slots.jsonl")).map_or(0, |t| t.lines().count());
     }
+    // The kill loop, on an export of its own beside (the RPC and its
+    // clock still up, the target started again).
+    let kills_export = export.join("kills");
+    let kills_config = dir.join("kills.toml");
+    std::fs::write(
+        &kills_config,
+        config_text(rpc, free_port(), &kills_export, "10ms"),
+    )
+    .unwrap();
+    let mut target = start_target(&bin, minutes);
+    let kills = kill_loop(&slotprof, &kills_config, &kills_export, KILLS, &mut rng);
+    let _ = target.kill();
+    let _ = target.wait();
+    stop.store(true, Ordering::Relaxed);
+    let _ = clock.join();
+    node.stop();
     let said = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     let expected = target_alive.as_secs_f64() / SLOT.as_secs_f64();
     let faults_json: Vec<String> = faults.iter().map(|(t, k)| format!("[{t:.0},\"{k}\"]")).collect();
@@ -486,7 +531,7 @@ fn main() {
          \"faults\":[{}],\"slots\":{{\"full\":{full},\"summary\":{summary},\"low_space\":{low_space},\
          \"write_failed\":{write_failed},\"accounted\":{accounted},\"expected_from_target_time\":{expected:.0},\
          \"slot_dirs_on_disk\":{slot_dirs},\"summary_lines_on_disk\":{lines}}},\
-         \"export_write_errors\":{},\"lost\":{},\"stderr_lines\":{}}}",
+         \"export_write_errors\":{},\"lost\":{},\"stderr_lines\":{},\"kills\":{kills}}}",
         died.as_deref().map_or("null".to_string(), |d| format!("\"{d}\"")),
         status.success(),
         rss_series.iter().map(|(t, r)| format!("[{t},{r}]")).collect::<Vec<_>>().join(","),
@@ -506,4 +551,129 @@ fn main() {
         dir.display()
     );
     write_report(&flags, &report);
+}
+
+/// What the disk of an export holds: its slot directories against its
+/// summary lines.
+#[derive(Default)]
+struct Disk {
+    dirs: std::collections::BTreeSet<u64>,
+    /// Each summary line's slot number and whether it had findings (with
+    /// `full = "findings"`: exported whole).
+    lines: Vec<(u64, bool)>,
+    /// Lines that are not whole JSON objects.
+    torn: usize,
+    /// Hidden temporary files and directories left anywhere.
+    leftovers: Vec<String>,
+}
+
+impl Disk {
+    fn read(export: &Path) -> Self {
+        let mut d = Disk::default();
+        for e in std::fs::read_dir(export.join("slots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some(n) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+                d.dirs.insert(n);
+            }
+        }
+        let mut places = vec![export.to_path_buf(), export.join("slots"), export.join("windows")];
+        places.push(export.join("hours"));
+        for h in std::fs::read_dir(export.join("hours"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            places.push(h.path());
+            let text = std::fs::read_to_string(h.path().join("slots.jsonl")).unwrap_or_default();
+            for line in text.lines() {
+                match serde_json::from_str::<serde_json::Value>(line) {
+                    Ok(v) if v["number"].is_u64() => d.lines.push((
+                        v["number"].as_u64().unwrap(),
+                        v["findings"].as_array().is_some_and(|f| !f.is_empty()),
+                    )),
+                    _ => d.torn += 1,
+                }
+            }
+        }
+        for p in places {
+            for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    d.leftovers.push(e.path().display().to_string());
+                }
+            }
+        }
+        d
+    }
+
+    /// (slot directories without a line, lines of slots exported whole
+    /// without a directory, slot numbers with more than one line).
+    fn mismatches(&self) -> (usize, usize, usize) {
+        let numbers: std::collections::BTreeSet<u64> = self.lines.iter().map(|l| l.0).collect();
+        let no_line = self.dirs.iter().filter(|n| !numbers.contains(n)).count();
+        let no_dir = self
+            .lines
+            .iter()
+            .filter(|(n, full)| *full && !self.dirs.contains(n))
+            .count();
+        (no_line, no_dir, self.lines.len() - numbers.len())
+    }
+}
+
+/// The kill loop: `slotprof run` on an export directory of its own,
+/// SIGKILLed `kills` times at random points (1-12 s after it starts:
+/// while it attaches, between slots, while it writes one) and started
+/// again on the same directory each time; then one last run ended by
+/// SIGTERM after the target exits. The report's `kills` object: what is
+/// on disk and what does not match.
+fn kill_loop(slotprof: &Path, config: &Path, export: &Path, kills: u32, rng: &mut Rng) -> String {
+    let mut killed_at: Vec<u64> = Vec::new();
+    let mut exits: Vec<String> = Vec::new();
+    for k in 0..=kills {
+        let mut daemon = Command::new(slotprof)
+            .args(["run", "--config", config.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slotprof run");
+        if k == kills {
+            std::thread::sleep(Duration::from_secs(8));
+            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+            exits.push(daemon.wait().map_or("?".into(), |s| s.to_string()));
+            break;
+        }
+        let at = rng.range(1_000, 12_000);
+        std::thread::sleep(Duration::from_millis(at));
+        // Dead already is a finding of its own (the exit is kept).
+        if let Ok(Some(s)) = daemon.try_wait() {
+            exits.push(format!("exited by itself before its kill: {s}"));
+        }
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        killed_at.push(at);
+        eprintln!("soak: kill {} of {kills}, {at} ms after the start", k + 1);
+    }
+    let d = Disk::read(export);
+    let (no_line, no_dir, dup) = d.mismatches();
+    format!(
+        "{{\"kills\":{kills},\"killed_at_ms\":[{}],\"exits\":[{}],\"slot_dirs\":{},\"lines\":{},\
+         \"dirs_without_line\":{no_line},\"full_lines_without_dir\":{no_dir},\"duplicate_lines\":{dup},\
+         \"torn_lines\":{},\"leftovers\":[{}]}}",
+        killed_at.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+        exits
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        d.dirs.len(),
+        d.lines.len(),
+        d.torn,
+        d.leftovers
+            .iter()
+            .map(|l| format!("{l:?}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
