@@ -108,7 +108,11 @@ fn broken(doc: &Path, text: &str) -> Vec<String> {
             continue;
         }
         if let Some(f) = fragment {
-            let t = std::fs::read_to_string(&target).unwrap_or_default();
+            let t = if path.is_empty() {
+                text.to_string()
+            } else {
+                std::fs::read_to_string(&target).unwrap_or_default()
+            };
             if !anchors(&t).iter().any(|a| a == f) {
                 bad.push(format!("{}: {link}: no heading #{f} in {}", doc.display(), target.display()));
             }
