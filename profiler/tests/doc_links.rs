@@ -6,7 +6,10 @@
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// The markdown files checked.
@@ -16,7 +19,10 @@ fn documents() -> Vec<PathBuf> {
         .iter()
         .map(|f| r.join(f))
         .collect();
-    for e in std::fs::read_dir(r.join("docs")).expect("docs/ is there").flatten() {
+    for e in std::fs::read_dir(r.join("docs"))
+        .expect("docs/ is there")
+        .flatten()
+    {
         if e.path().extension().is_some_and(|x| x == "md") {
             v.push(e.path());
         }
@@ -114,7 +120,11 @@ fn broken(doc: &Path, text: &str) -> Vec<String> {
                 std::fs::read_to_string(&target).unwrap_or_default()
             };
             if !anchors(&t).iter().any(|a| a == f) {
-                bad.push(format!("{}: {link}: no heading #{f} in {}", doc.display(), target.display()));
+                bad.push(format!(
+                    "{}: {link}: no heading #{f} in {}",
+                    doc.display(),
+                    target.display()
+                ));
             }
         }
     }
@@ -132,7 +142,10 @@ fn every_relative_link_in_the_readme_and_docs_leads_somewhere() {
         followed += links(&text).len();
         bad.extend(broken(d, &text));
     }
-    assert!(followed >= 10, "only {followed} links found: is the link reader broken?");
+    assert!(
+        followed >= 10,
+        "only {followed} links found: is the link reader broken?"
+    );
     assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
 }
 
@@ -144,11 +157,20 @@ fn the_link_check_fails_on_a_planted_broken_link_and_ignores_code() {
                 `[code](not-a-link.md)`\n```\n[fenced](not-either.md)\n```\n";
     let bad = broken(&doc, text);
     assert_eq!(bad.len(), 2, "{bad:?}");
-    assert!(bad[0].contains("nowhere.md") && bad[1].contains("#nope"), "{bad:?}");
+    assert!(
+        bad[0].contains("nowhere.md") && bad[1].contains("#nope"),
+        "{bad:?}"
+    );
 }
 
 #[test]
 fn the_readme_fits_on_a_few_screens() {
-    let n = std::fs::read_to_string(root().join("README.md")).unwrap().lines().count();
-    assert!(n <= 250, "README.md has {n} lines (at most 250: the rest belongs in docs/)");
+    let n = std::fs::read_to_string(root().join("README.md"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(
+        n <= 250,
+        "README.md has {n} lines (at most 250: the rest belongs in docs/)"
+    );
 }
