@@ -84,7 +84,8 @@ pub struct ExplainArgs {
     /// bad.
     #[arg(long, requires = "blocks", value_name = "TRANSACTIONS")]
     pub tx_below: Option<u64>,
-    /// Also write explain.json here.
+    /// Also write explain.json and explain.html (each node's timeline and
+    /// the ratios as a forest plot) here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 }
@@ -146,18 +147,22 @@ pub struct ProfileArgs {
     /// Directory for the outputs (created if missing).
     #[arg(short, long, default_value = "slotprof-out")]
     pub out: PathBuf,
-    /// Cut the profile into slots: `clock=400ms[,origin=NS][,leader=K/M]`
-    /// (fixed-length slots; origin in CLOCK_MONOTONIC ns, default the
-    /// session start; leader=K/M marks the first K of every M slots as
-    /// this node's). Adds slots/, windows/ and index.html to the outputs.
+    /// Cut the profile into slots (adds slots/, windows/ and index.html):
+    /// rpc=URL, uprobe=BINARY:FUNCTION[,...] or clock=LENGTH[,...].
+    ///
+    /// `rpc=http://127.0.0.1:8899`: the validator's RPC (slot starts from
+    /// its websocket, getSlot polling as the fallback; the leader schedule
+    /// for its identity).
+    ///
+    /// `uprobe=/usr/bin/agave-validator:PohRecorder::set_bank[,slot=arg0][,rpc=URL]`:
+    /// a slot starts at each call of the function (the most precise
+    /// boundaries); numbers and leader schedule from the RPC when given.
+    ///
+    /// `clock=400ms[,origin=NS][,leader=K/M]`: fixed-length slots, for any
+    /// program (origin in CLOCK_MONOTONIC ns, default the session start;
+    /// leader=K/M marks the first K of every M slots as this node's).
     #[arg(long, value_name = "SOURCE")]
     pub slot_source: Option<crate::slot_sources::SlotSourceSpec>,
-    #[command(flatten)]
-    pub detectors: DetectorArgs,
-    #[command(flatten)]
-    pub phase: PhaseArgs,
-    #[command(flatten)]
-    pub push: PushArgs,
     /// Leave out the detectors' probes (madvise, futex, TLB flushes, IPIs,
     /// page faults): on-CPU and off-CPU profiles only.
     #[arg(long)]
@@ -175,6 +180,13 @@ pub struct ProfileArgs {
     /// record-fixtures` makes the committed ones).
     #[arg(long, value_name = "DIR", hide = true)]
     pub save_replay: Option<PathBuf>,
+    // Last: each sets its own help heading.
+    #[command(flatten)]
+    pub detectors: DetectorArgs,
+    #[command(flatten)]
+    pub phase: PhaseArgs,
+    #[command(flatten)]
+    pub push: PushArgs,
 }
 
 /// Pushing the slots' profiles to a profiling backend when the session
@@ -280,6 +292,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Detector options.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Detectors")]
 pub struct DetectorArgs {
     /// The main-loop thread, by name or tid (MainLoopGap). Default: the
     /// thread that calls --loop-symbol.
@@ -374,6 +387,7 @@ impl DetectorArgs {
 
 /// The guest-side phase probe.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Phase probe (in a VM)")]
 pub struct PhaseArgs {
     /// Run the calibrated probe: a sha256 chain for --phase-burst every
     /// --phase-every on each of --phase-cpus, to find a slow phase the host

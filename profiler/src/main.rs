@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         }
     };
     match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("slotprof: error: {e:#}");
             ExitCode::FAILURE
@@ -46,7 +46,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; the exit code is its (for `record`, the profiled
+/// command's, as `perf record` and `time` return it).
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Attach(a) => {
             let target = Target::from_pid(a.pid)?;
@@ -60,7 +62,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 target.pid,
                 a.duration.as_secs_f64()
             );
-            finish(session::run(&opts, target, None).await?)
+            finish(session::run(&opts, target, None).await?)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Host(h) => {
             privileges::require_bpf()?;
@@ -99,12 +102,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             for w in &s.warnings {
                 eprintln!("slotprof: warning: {w}");
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Run(r) => {
             if r.print_config {
                 print!("{}", profiler::config::SAMPLE);
-                return Ok(());
+                return Ok(ExitCode::SUCCESS);
             }
             privileges::require_bpf()?;
             privileges::raise_limits();
@@ -115,14 +118,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 export_dir: r.export_dir,
                 duration: r.duration,
             })
-            .await
+            .await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Diff(d) => {
             println!(
                 "{}",
                 profiler::export::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Explain(e) => {
             let outcomes = match (&e.outcomes, e.longer_than, e.blocks) {
@@ -142,7 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "{}",
                 profiler::explain::run(&e.dirs, &outcomes, e.out.as_deref())?
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Record(r) => {
             let exe = find_program(&r.command[0])?;
@@ -155,7 +159,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let target = Target::from_pid(pid)?;
             let opts = session_options(r.profile, "record", r.duration, Some(exe))?;
             let outcome = session::run(&opts, target, Some(held)).await?;
-            finish(outcome)
+            let status = outcome.command_status;
+            finish(outcome)?;
+            Ok(status.map_or(ExitCode::SUCCESS, command_exit_code))
         }
     }
 }
@@ -270,6 +276,17 @@ fn exec_when_released(fd: Option<i32>) -> ExitCode {
         argv[0]
     );
     ExitCode::from(127)
+}
+
+/// A command's exit code as a shell gives it: its own, or 128 + the
+/// signal that ended it.
+fn command_exit_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code as u8),
+        (None, Some(signal)) => ExitCode::from((128 + signal) as u8),
+        (None, None) => ExitCode::FAILURE,
+    }
 }
 
 fn finish(outcome: session::Outcome) -> anyhow::Result<()> {

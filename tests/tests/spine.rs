@@ -458,6 +458,39 @@ fn record_of_a_missing_command_says_so() {
     assert!(err.contains("no such executable"), "{err}");
 }
 
+/// `record` exits as the command did, as `perf record` and `time` do: its
+/// code, or 128 + the signal that ended it; the profile is written all
+/// the same.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn record_exits_with_the_commands_status_or_128_and_its_signal() {
+    let Some(_k) = kernel() else { return };
+    for (script, code) in [("exit 3", 3), ("kill -TERM $$", 143), ("exit 0", 0)] {
+        let dir = scratch("record-status");
+        let out = dir.join("out");
+        let o = run_slotprof(&[
+            "record",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ]);
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{script}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            read_json(&out.join("summary.json"))["complete"] == true,
+            "{script}: the profile is written all the same"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A tmpfs mounted for one test, unmounted when dropped (a panic
 /// included).
 struct Tmpfs(std::path::PathBuf);

@@ -63,6 +63,8 @@ pub struct Outcome {
     pub summary_path: PathBuf,
     /// Warnings already printed while the session ran (not to repeat).
     pub printed: Vec<String>,
+    /// `record`: how the command ended, when it ended the session.
+    pub command_status: Option<std::process::ExitStatus>,
 }
 
 enum Stop {
@@ -78,8 +80,11 @@ pub async fn run(opts: &SessionOptions, target: Target, held: Option<HeldChild>)
         .await
         .map_err(|e| gone_while_attaching(e, pid, &comm))?;
     let stop = live.pump(opts).await?;
+    let command_status = live.command_status;
     let collected = live.collect(opts)?;
-    report(opts, collected, stop).await
+    let mut outcome = report(opts, collected, stop).await?;
+    outcome.command_status = command_status;
+    Ok(outcome)
 }
 
 /// An attach that failed because the target exited meanwhile says so
@@ -124,6 +129,8 @@ struct Live {
     progress: bool,
     agg: Aggregator,
     exited_after: Option<Duration>,
+    /// `record`: how the command ended (when it ended the session).
+    command_status: Option<std::process::ExitStatus>,
     maps_errors: MapsErrors,
     stacks: StackCache,
     /// Stack ids seen since the last stack epoch began, and in the one
@@ -254,6 +261,7 @@ impl Live {
                 Aggregator::new()
             },
             exited_after: None,
+            command_status: None,
             maps_errors: MapsErrors::default(),
             stacks: StackCache::default(),
             recent_ids: Default::default(),
@@ -284,7 +292,7 @@ impl Live {
                 _ = self.sigint.recv() => return Ok(Stop::Interrupted),
                 _ = self.sigterm.recv() => return Ok(Stop::Interrupted),
                 status = wait_child(&mut self.held) => {
-                    let _ = status;
+                    self.command_status = status.ok();
                     self.exited_after = Some(self.started.elapsed());
                     return Ok(Stop::TargetExited);
                 }
@@ -1009,6 +1017,7 @@ fn write_outputs(
         summary,
         summary_path,
         printed,
+        command_status: None,
     })
 }
 

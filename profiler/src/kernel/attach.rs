@@ -138,10 +138,16 @@ fn program_cache_uprobes(
             }
             Ok((f.uprobes, Some(line)))
         }
-        (Err(e), Mode::On) => Err(e.context(format!("{setting} on"))),
+        (Err(e), Mode::On) => Err(e.context(format!(
+            "{setting} on (looked for: {})",
+            crate::kernel::program_cache::looked_for()
+        ))),
+        // One line: any program that is not a validator gets it.
         (Err(e), _) => Ok((
             Vec::new(),
-            Some(format!("program cache: not probed ({setting} auto): {e:#}")),
+            Some(format!(
+                "program cache: not probed ({setting} auto): {e:#}; {setting} off stops looking"
+            )),
         )),
     }
 }

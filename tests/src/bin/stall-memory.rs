@@ -20,8 +20,13 @@
 //!
 //! The report: the pids, the hot thread's tid, the cgroup version used,
 //! each pressure phase (`start_ns`, `end_ns`, the kernel's memory pressure
-//! over it: `/proc/pressure/memory` "some" total, in ns, and the thread's
-//! major faults, getrusage) and per slot the
+//! over it: `/proc/pressure/memory` "some" total, in ns; the program's
+//! own cgroup's, `group_psi_some_ns`, null without a v2 cgroup with PSI;
+//! the CPU time each CPU ran meanwhile and the thread's own, `busy`
+//! (`cpu_busy_ns`, `own_cpu_ns`; null without cgroup v1's cpuacct: the
+//! machine's PSI is an average over CPUs weighted by their busy time, what
+//! dilutes it); and the thread's major faults,
+//! getrusage) and per slot the
 //! same pressure count (the independent witness of every stall). The
 //! cgroup is removed at exit and the process moved back.
 
@@ -46,14 +51,39 @@ use stall_loop::stall_loop_iteration;
 
 /// `/proc/pressure/memory`'s "some" total, in ns (0 without PSI).
 fn psi_some_ns() -> u64 {
-    std::fs::read_to_string("/proc/pressure/memory")
+    psi_some_ns_of(Path::new("/proc/pressure/memory")).unwrap_or(0)
+}
+
+/// The "some" total of a PSI file (`/proc/pressure/memory` or a v2
+/// cgroup's `memory.pressure`), in ns.
+fn psi_some_ns_of(file: &Path) -> Option<u64> {
+    std::fs::read_to_string(file)
         .ok()
         .and_then(|t| {
             let some = t.lines().find(|l| l.starts_with("some"))?;
             let total = some.split_whitespace().find_map(|w| w.strip_prefix("total="))?;
             total.parse::<u64>().ok()
         })
-        .map_or(0, |us| us * 1000)
+        .map(|us| us * 1000)
+}
+
+/// CPU time run on each CPU of the machine, in ns: the root cpuacct
+/// cgroup's `cpuacct.usage_percpu` (v1; v2's root has no per-CPU figure,
+/// and v2 has the cgroup's own PSI instead).
+fn cpu_busy_ns() -> Option<Vec<u64>> {
+    [
+        "/sys/fs/cgroup/cpuacct/cpuacct.usage_percpu",
+        "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage_percpu",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .and_then(|t| t.split_whitespace().map(|w| w.parse().ok()).collect())
+}
+
+/// The calling thread's time on a CPU, in ns (`/proc/thread-self/schedstat`).
+fn thread_cpu_ns() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    t.split_whitespace().next()?.parse().ok()
 }
 
 /// The calling thread's major page faults (getrusage).
@@ -181,6 +211,29 @@ fn read_through_mapping(map: *const u8, bytes: usize) -> u64 {
     black_box(sum)
 }
 
+/// `read_through_mapping` a MiB at a time, the cgroup's own memory
+/// pressure ("some", in ns) read between MiBs and summed: the pass's
+/// stall as its cgroup's PSI saw it. The machine's PSI is an average over
+/// CPUs weighted by each CPU's busy time, so a busy neighbour CPU halves
+/// it on a 2-CPU machine; the cgroup's counts only this program's
+/// threads, and a read every MiB keeps each of the kernel's windows on the
+/// one CPU the thread ran on. None without a v2 cgroup with PSI.
+fn read_through_mapping_timed(map: *const u8, bytes: usize, pressure: Option<&Path>) -> Option<u64> {
+    const MIB: usize = 1 << 20;
+    let read = |p: &Path| psi_some_ns_of(p);
+    let mut last = pressure.and_then(read);
+    let mut total = last.map(|_| 0u64);
+    for off in (0..bytes).step_by(MIB) {
+        read_through_mapping(unsafe { map.add(off) }, MIB.min(bytes - off));
+        if let (Some(p), Some(l), Some(t)) = (pressure, last, total.as_mut()) {
+            let now = read(p)?;
+            *t += now.saturating_sub(l);
+            last = Some(now);
+        }
+    }
+    total
+}
+
 fn main() {
     let flags = Flags::from_env();
     let run_for = flags.secs("seconds", 8.0).as_nanos() as u64;
@@ -239,6 +292,12 @@ fn main() {
         // and stays in the page cache.
         read_through_mapping(map as *const u8, bytes);
     }
+    // The cgroup's own PSI, where there is one (v2, CONFIG_PSI).
+    let pressure = cgroup
+        .as_ref()
+        .filter(|(v, _)| *v == 2)
+        .map(|(_, c)| c.dir.join("memory.pressure"))
+        .filter(|p| psi_some_ns_of(p).is_some());
     let start = monotonic_ns();
     let end = start + run_for;
     let first = start / slot_ns + 2;
@@ -253,10 +312,25 @@ fn main() {
         while monotonic_ns() < end {
             let now = monotonic_ns();
             if now >= next * slot_ns + 100_000_000 && now < (next + 1) * slot_ns - 100_000_000 {
+                let busy0 = cpu_busy_ns().zip(thread_cpu_ns());
                 let (from, psi0, maj0) = (monotonic_ns(), psi_some_ns(), major_faults());
-                read_through_mapping(map_addr as *const u8, bytes);
+                let group = read_through_mapping_timed(map_addr as *const u8, bytes, pressure.as_deref());
                 let (to, psi1, maj1) = (monotonic_ns(), psi_some_ns(), major_faults());
-                phases.push((next, from, to, psi1 - psi0, maj1 - maj0));
+                let busy1 = cpu_busy_ns().zip(thread_cpu_ns());
+                // What each CPU ran meanwhile, and the thread itself.
+                let busy = busy0.zip(busy1).map(|((m0, t0), (m1, t1))| {
+                    let per_cpu: Vec<String> = m0
+                        .iter()
+                        .zip(&m1)
+                        .map(|(a, b)| b.saturating_sub(*a).to_string())
+                        .collect();
+                    format!(
+                        "{{\"cpu_busy_ns\":[{}],\"own_cpu_ns\":{}}}",
+                        per_cpu.join(","),
+                        t1 - t0
+                    )
+                });
+                phases.push((next, from, to, psi1 - psi0, maj1 - maj0, group, busy));
                 // Counted from the slot the pass ended in: under TCG a
                 // pass takes several slots, and the next must not start
                 // in the slot this one ended in.
@@ -279,9 +353,13 @@ fn main() {
     drop(cgroup);
     let phases: Vec<String> = phases
         .iter()
-        .map(|(slot, a, b, p, m)| {
+        .map(|(slot, a, b, p, m, g, e)| {
+            let or_null = |v: &Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
             format!(
-                "{{\"slot\":{slot},\"start_ns\":{a},\"end_ns\":{b},\"psi_some_ns\":{p},\"major_faults\":{m}}}"
+                "{{\"slot\":{slot},\"start_ns\":{a},\"end_ns\":{b},\"psi_some_ns\":{p},\
+                 \"group_psi_some_ns\":{},\"busy\":{},\"major_faults\":{m}}}",
+                or_null(g),
+                e.clone().unwrap_or_else(|| "null".to_string())
             )
         })
         .collect();
