@@ -2,8 +2,9 @@
 //! with the pinned stable toolchain; `include_bytes!` picks it up from OUT_DIR.
 
 fn main() -> anyhow::Result<()> {
-    // Stable rustc needs this to build `core` for the bpf target
-    // (`-Z build-std=core`); see ../shared/notes/toolchain.md.
+    // Building `core` for the bpf target takes `-Z build-std=core`, which
+    // the pinned stable rustc accepts only with this set (for this build
+    // alone; no nightly toolchain is used).
     // SAFETY: build scripts are single-threaded at this point.
     std::env::set_var("RUSTC_BOOTSTRAP", "1");
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf");

@@ -107,7 +107,7 @@ pub struct HostArgs {
     #[arg(long)]
     pub probe_stats: bool,
     /// Also write a recording of the classified events into DIR, for
-    /// replay without root (`profiler::replay::host`).
+    /// replay without root (`pipeline::replay::host`).
     #[arg(long, value_name = "DIR", hide = true)]
     pub save_replay: Option<PathBuf>,
 }
@@ -176,7 +176,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "FILE", hide = true)]
     pub save_events: Option<PathBuf>,
     /// Also write a recording of what the detectors were given into DIR,
-    /// for replay without root (`profiler::replay`; `cargo xtask
+    /// for replay without root (`pipeline::replay`; `cargo xtask
     /// record-fixtures` makes the committed ones).
     #[arg(long, value_name = "DIR", hide = true)]
     pub save_replay: Option<PathBuf>,

@@ -14,6 +14,7 @@
 //! - `cargo xtask record-fixtures`: the replay fixtures of tests/fixtures/replay/ (root).
 
 mod bench;
+mod benchmarks_md;
 mod budget;
 mod fixtures;
 mod fuzz;
@@ -385,4 +386,17 @@ pub fn private_temp_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     }
     bytes.pop();
     Ok(PathBuf::from(String::from_utf8(bytes)?))
+}
+
+pub(crate) fn on_path(bin: &str) -> bool {
+    which_in_path(bin).is_some()
+}
+
+/// Where `bin` is on PATH (a symlink's path, not its target's: the guest
+/// gets the file's contents under the name it is called by).
+pub(crate) fn which_in_path(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
 }

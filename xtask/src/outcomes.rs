@@ -186,11 +186,11 @@ fn machine_has(need: &str, arg: &str, validator: bool) -> Option<bool> {
             .open("/dev/kvm")
             .is_ok(),
         "memory_gib" => mem_available_gib() >= arg.parse::<f64>().unwrap_or(f64::INFINITY),
-        "chromium" => Path::new("/usr/bin/chromium").is_file() || crate::test_vm::on_path("chromium"),
+        "chromium" => Path::new("/usr/bin/chromium").is_file() || crate::on_path("chromium"),
         "cpus" => {
             std::thread::available_parallelism().map_or(1, |n| n.get()) >= arg.parse().unwrap_or(usize::MAX)
         }
-        "tool" => crate::test_vm::on_path(arg),
+        "tool" => crate::on_path(arg),
         "validator" => validator,
         "tracepoint" => {
             let (cat, name) = arg.split_once(':').unwrap_or((arg, ""));

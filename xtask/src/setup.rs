@@ -2,7 +2,7 @@
 //! components and bpf-linker, installed into the gitignored `.tools/`.
 //!
 //! bpf-linker must use the same LLVM major as rustc; we link it against
-//! rustc's own libLLVM (no apt LLVM needed). See ../shared/notes/toolchain.md.
+//! rustc's own libLLVM (no apt LLVM needed).
 
 use std::{path::Path, process::Command};
 

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, path::Path, process::Command};
 
 use anyhow::{bail, Context};
 
-pub const HEADING: &str = "## Fault soak";
+use crate::benchmarks_md::SOAK_HEADING;
 
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if !crate::is_root() {
@@ -24,7 +24,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
     // The commit measured is the one built now, not the one checked out
     // when the soak ends an hour later.
-    let measured_at = crate::bench::commit(root);
+    let measured_at = crate::benchmarks_md::commit(root);
     let scratch = crate::private_temp_dir("slotprof-soak-report")?;
     let report = scratch.join("soak.json");
     let status = Command::new(root.join("target/release/fault-soak"))
@@ -50,7 +50,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         Some((heading, rest)) => format!("{heading}\n\nMeasured at {measured_at}.\n{rest}"),
         None => section.clone(),
     };
-    std::fs::write(&path, crate::bench::splice(&md, HEADING, &stamped))?;
+    std::fs::write(&path, crate::benchmarks_md::splice(&md, SOAK_HEADING, &stamped))?;
     eprintln!("xtask: updated the fault soak section of BENCHMARKS.md");
     if !verdicts(&r).iter().all(|(_, ok, _)| *ok) {
         bail!("the soak failed a check (see the section above)");
@@ -177,7 +177,7 @@ fn misses_outside_idle(r: &serde_json::Value) -> Vec<u64> {
 
 fn section(r: &serde_json::Value, minutes: u64, seed: u64) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{HEADING}\n");
+    let _ = writeln!(s, "{SOAK_HEADING}\n");
     let _ = writeln!(
         s,
         "`sudo cargo xtask soak --minutes {minutes} --seed {seed}`: `slotprof run` on the synthetic validator (RPC slot source served by the soak, export on a 2 GiB tmpfs, `export.full = \"findings\"`), one fault at a time every 10-30 s at random: the RPC gone 5-15 s, answers of the wrong type, 50 MB answers, the export disk filled below the floor then to just above it, 1,100 idle /metrics connections, SIGHUP with a good and with an unappliable file (its port taken), the target killed and restarted, and the websocket for 10 s silent, sending garbage, flooding (each notification 2,000 times), announcing a 2^62-byte frame, or closing. Then the kill loop: `run` on an export of its own SIGKILLed {} times at random points 1-12 s after each start, restarted on the same directory each time, then stopped by SIGTERM.\n",

@@ -4,7 +4,9 @@
 //! loop; [`events`]: its records decoded), stack maps and user stacks
 //! unwound from the copies the probes take ([`user_stacks`]), the target's
 //! threads and code ([`target`], [`memory_access`]: sampled instructions
-//! decoded against the target's code), syscall names ([`syscalls`]) and
+//! decoded against the target's code; [`program_cache`]: where a
+//! validator's program-cache functions are, for their uprobes), syscall
+//! names ([`syscalls`]), the kernel's pressure-stall counters ([`psi`]) and
 //! the privileges all this needs ([`privileges`]).
 //!
 //! Not here: what is made of the events once delivered (`pipeline`,

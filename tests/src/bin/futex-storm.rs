@@ -1,7 +1,7 @@
 //! A context-switch storm for benchmarks: two threads hand a token back
 //! and forth, through a Mutex and a Condvar (default: every round trip is
 //! two futex waits and two wakes) or through two pipes (`--through pipe`,
-//! one byte each way: the ping-pong of ../shared/notes/benchmarking.md).
+//! one byte each way).
 //! `--pairs N` runs N such pairs at once (default 1): with more pairs than
 //! CPUs a CPU switches from one storm thread straight to another instead of
 //! going idle between handoffs, so the machine switches more often.

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: overhead measurements, written to BENCHMARKS.md.
 //!
-//! The machine is a noisy 2-vCPU VM (see ../shared/notes/benchmarking.md),
-//! so every comparison interleaves its variants in rounds and reports
+//! The machine is a noisy 2-vCPU VM (the same variant's rounds differ by
+//! about 1%), so every comparison interleaves its variants in rounds and reports
 //! medians, and the probes' own cost comes from the kernel's accounting
 //! (`--probe-stats`), not from wall-clock differences.
 
@@ -13,6 +13,11 @@ use std::{
 
 use anyhow::bail;
 use serde_json::Value;
+
+use crate::benchmarks_md::{
+    splice, stamped, HOST_HEADING, OVERHEAD_HEADING, PHASE_HEADING, RUN_HEADING, SOAK_HEADING, STORM_HEADING,
+    USERSPACE_HEADING, VALIDATOR_HEADING,
+};
 
 mod always_on;
 mod host;
@@ -55,82 +60,6 @@ fn machine() -> String {
         .unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cpus} vCPUs ({cpu}), Linux {kernel}")
-}
-
-/// Section headings (`--only NAME` replaces that section alone).
-const STORM_HEADING: &str = "## Detector probes on a futex-heavy workload";
-
-const RUN_HEADING: &str = "## Always-on memory and CPU (`slotprof run`)";
-
-const OVERHEAD_HEADING: &str = "## Overhead on a CPU-bound PoH loop: slotprof and perf";
-
-const USERSPACE_HEADING: &str = "## The aggregator and the symbolizer (userspace, one core)";
-
-const VALIDATOR_HEADING: &str = "## On a real validator: solana-test-validator 4.4.0 under load, beside perf";
-
-const PHASE_HEADING: &str = "## Phase probe (guest mode) on a CPU-bound PoH loop";
-
-const HOST_HEADING: &str = "## Host mode during compaction";
-
-/// Which commit a section was measured at: the short hash, and whether the
-/// work tree had changes on top of it.
-pub(crate) fn commit(root: &Path) -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(root)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let Some(hash) = git(&["rev-parse", "--short=7", "HEAD"]) else {
-        return "an unknown commit (not a git checkout)".into();
-    };
-    // BENCHMARKS.md itself is not a change to what is measured (the
-    // sections run one after another rewrite it).
-    let dirty = git(&[
-        "status",
-        "--porcelain",
-        "--untracked-files=no",
-        "--",
-        ".",
-        ":!BENCHMARKS.md",
-    ])
-    .is_some_and(|s| !s.is_empty());
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    format!(
-        "commit `{hash}`{} ({date})",
-        if dirty { " with uncommitted changes" } else { "" }
-    )
-}
-
-/// A section with the commit it was measured at under its heading.
-pub(crate) fn stamped(root: &Path, section: String) -> String {
-    match section.split_once('\n') {
-        Some((heading, rest)) => format!("{heading}\n\nMeasured at {}.\n{rest}", commit(root)),
-        None => section,
-    }
-}
-
-/// `md` with the section under `heading` replaced by `section` (inserted
-/// before "## Reproduce" when it is not there yet).
-pub(crate) fn splice(md: &str, heading: &str, section: &str) -> String {
-    match md.find(heading) {
-        Some(i) => {
-            let rest = &md[i + heading.len()..];
-            let end = rest.find("\n## ").map_or(md.len(), |j| i + heading.len() + j + 1);
-            format!("{}{section}{}", &md[..i], &md[end..])
-        }
-        None => match md.find("## Reproduce") {
-            Some(i) => format!("{}{section}{}", &md[..i], &md[i..]),
-            None => md.to_string() + section,
-        },
-    }
 }
 
 pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
@@ -198,7 +127,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&scratch);
     // The fault soak's section is written by `cargo xtask soak`: kept.
     let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();
-    if let Some(i) = old.find(crate::soak::HEADING) {
+    if let Some(i) = old.find(SOAK_HEADING) {
         let rest = &old[i..];
         let end = rest[3..].find("\n## ").map_or(rest.len(), |j| j + 4);
         md.push_str(&rest[..end]);
@@ -207,7 +136,7 @@ pub fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         md,
         "## Reproduce\n\n```sh\nsudo cargo xtask bench                  # rewrites this file (every section; the validator one alone takes ~35 min)\nsudo cargo xtask bench --only run       # one section: storm, overhead, userspace, phase, host, run (10 min) or validator (35 min)\nsudo cargo xtask bench --run-minutes 30 # the always-on runs (synthetic and real node) for longer\nsudo cargo xtask soak --minutes 60      # the fault soak (its own section)\n```\n"
     );
-    let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind are in ../shared/notes/benchmarking.md (a pipe ping-pong storm: bpftrace sched_switch counting 0.82, offcputime-style 0.62, perf record -e sched:sched_switch -g 0.63).");
+    let _ = writeln!(md, "Reference figures for perf and bpftrace on this machine kind (a pipe ping-pong storm, throughput against alone): bpftrace counting sched_switch 0.82, an offcputime-style bpftrace script 0.62, perf record -e sched:sched_switch -g 0.63.");
     std::fs::write(root.join("BENCHMARKS.md"), md)?;
     eprintln!("xtask: wrote BENCHMARKS.md");
     Ok(())

@@ -78,7 +78,7 @@ pub(super) fn build_initramfs(
     // compiler; the C programs come prebuilt from target/c), and perf, their
     // reference.
     for tool in ["objcopy", "readelf", "perf"] {
-        match which_in_path(tool) {
+        match crate::which_in_path(tool) {
             Some(p) => {
                 files.insert(p);
             }

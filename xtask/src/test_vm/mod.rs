@@ -569,7 +569,7 @@ fn tools(root: &Path) -> anyhow::Result<()> {
     ];
     let missing: Vec<&str> = want
         .iter()
-        .filter(|(bin, _)| !on_path(bin))
+        .filter(|(bin, _)| !crate::on_path(bin))
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {
@@ -580,19 +580,6 @@ fn tools(root: &Path) -> anyhow::Result<()> {
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(&missing);
     crate::run_env(root, "apt-get", &args, &env)
-}
-
-pub(crate) fn on_path(bin: &str) -> bool {
-    which_in_path(bin).is_some()
-}
-
-/// Where `bin` is on PATH (a symlink's path, not its target's: the guest
-/// gets the file's contents under the name it is called by).
-fn which_in_path(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(bin))
-        .find(|p| p.is_file())
 }
 
 fn cache_dir() -> anyhow::Result<PathBuf> {

@@ -17,7 +17,7 @@
 //! Not here: attaching (`attach`), the analysis of a batch of slots
 //! (`pipeline`), the detectors (`detectors`); this folder is the driver
 //! (`mod.rs`: the configuration, reloads, following targets by name) and
-//! the per-slot, per-window and hourly export (`export.rs`).
+//! the per-slot, per-window and hourly export (`export::always_on`).
 
 use std::{
     collections::HashMap,
