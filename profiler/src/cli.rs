@@ -346,7 +346,7 @@ pub struct DetectorArgs {
     /// (uprobes, found by name per Agave release): auto when it has them,
     /// on (fail without them), off.
     #[arg(long, value_enum, default_value = "auto")]
-    pub program_cache: crate::kernel::program_cache::Mode,
+    pub program_cache: crate::kernel::cache_functions::Mode,
 }
 
 impl ProfileArgs {
@@ -408,7 +408,7 @@ pub struct PhaseArgs {
 
 impl PhaseArgs {
     /// The probe's settings, if it is on.
-    pub fn config(&self) -> anyhow::Result<Option<crate::phase::probe::ProbeConfig>> {
+    pub fn config(&self) -> anyhow::Result<Option<crate::phase::probe::PhaseProbeConfig>> {
         if !self.phase_probe {
             return Ok(None);
         }
@@ -418,7 +418,7 @@ impl PhaseArgs {
             })?),
             None => None,
         };
-        crate::phase::probe::ProbeConfig::new(self.phase_every, self.phase_burst, cpus)
+        crate::phase::probe::PhaseProbeConfig::new(self.phase_every, self.phase_burst, cpus)
             .map(Some)
             .map_err(|e| anyhow::anyhow!("--phase-every/--phase-burst/--phase-cpus: {e}"))
     }

@@ -137,7 +137,7 @@ struct DetectorsSection {
     cpu_wait_threshold: String,
     memory_stall_threshold: String,
     program_cache_threshold: String,
-    program_cache: crate::kernel::program_cache::Mode,
+    program_cache: crate::kernel::cache_functions::Mode,
     pingpong_threshold: f64,
 }
 
@@ -153,7 +153,7 @@ impl Default for DetectorsSection {
             cpu_wait_threshold: "5ms".into(),
             memory_stall_threshold: "5ms".into(),
             program_cache_threshold: "5ms".into(),
-            program_cache: crate::kernel::program_cache::Mode::Auto,
+            program_cache: crate::kernel::cache_functions::Mode::Auto,
             pingpong_threshold: 0.05,
         }
     }
@@ -296,7 +296,7 @@ impl Config {
                 Cpus::List(l) => Some(l),
             };
             Some(
-                crate::phase::probe::ProbeConfig::new(every, burst, cpus)
+                crate::phase::probe::PhaseProbeConfig::new(every, burst, cpus)
                     .map_err(|e| anyhow::anyhow!("[phase_probe]: {e}"))?,
             )
         } else {

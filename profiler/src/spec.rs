@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 
-use crate::{detectors::DetectorConfig, phase::probe::ProbeConfig, slot_sources::SlotSourceSpec};
+use crate::{detectors::DetectorConfig, phase::probe::PhaseProbeConfig, slot_sources::SlotSourceSpec};
 
 #[derive(Clone, Debug)]
 pub struct ProfileSpec {
@@ -27,10 +27,10 @@ pub struct ProfileSpec {
     pub loop_symbol: Option<String>,
     /// Whether to probe the program cache (`--program-cache`,
     /// `detectors.program_cache`).
-    pub program_cache: crate::kernel::program_cache::Mode,
+    pub program_cache: crate::kernel::cache_functions::Mode,
     pub detectors: DetectorConfig,
     /// The guest-side phase probe, when on.
-    pub phase_probe: Option<ProbeConfig>,
+    pub phase_probe: Option<PhaseProbeConfig>,
 }
 
 /// Where and how to push; `None` endpoints are off.

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Finding, Inputs};
 use crate::{
-    kernel::memory_access::{AccessKind, MemoryAccess},
+    detectors::memory_access::{AccessKind, MemoryAccess},
     topology::{Distance, Topology},
 };
 

@@ -8,16 +8,19 @@
 //! [`kvm_mmu_invalidation`] is the host's: its inputs are the samples
 //! `host` classifies from its probes, counted per second.
 //!
+//! [`memory_access`] decodes the samples' instructions against the
+//! target's code into the memory they touched: the cache-line detector's
+//! input (it touches no kernel either).
+//!
 //! Not here: aggregating events into the inputs and naming stacks
-//! (`pipeline`), decoding samples into memory accesses for the cache-line
-//! detector (`memory_access`), reading the host's probes and VM processes
-//! (`host`).
+//! (`pipeline`), reading the host's probes and VM processes (`host`).
 
 pub mod cache_line_ping_pong;
 pub mod cpu_contention;
 pub mod kvm_mmu_invalidation;
 pub mod lock_contention;
 pub mod main_loop_gap;
+pub mod memory_access;
 pub mod memory_pressure;
 pub mod program_cache;
 pub mod sync_allocator_purge;

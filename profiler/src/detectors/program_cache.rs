@@ -3,7 +3,7 @@
 //! verifying and JIT-compiling them (what a cache miss costs), and
 //! evicting or pruning entries. Each call is timed in the kernel from a
 //! uprobe at the function's entry to a uretprobe at its return
-//! (`kernel::program_cache` finds the functions by name, per release).
+//! (`kernel::cache_functions` finds the functions by name, per release).
 //! The incident's point: one 5.9 s replay had 4.8 s of program-cache work.
 //!
 //! The stack shown is the hottest on-CPU sample of the thread inside its

@@ -15,7 +15,7 @@ use tokio::signal::unix::SignalKind;
 
 use crate::{
     detectors,
-    export::report::{self, Counts, FramePointers, Lost, Summary, TargetSummary},
+    export::report::{self, EventCounts, FramePointers, Lost, Summary, TargetSummary},
     export::{push::Pusher, slot_export, SlotExport, SlotResult},
     kernel::events,
     kernel::probes::{ProbeConfig, Probes, StackCache},
@@ -813,7 +813,7 @@ fn summary_of(
         min_offcpu_ms: opts.spec.min_offcpu.as_secs_f64() * 1e3,
         probes: std::mem::take(&mut c.probe_status),
         probe_cost: c.probe_cost.take(),
-        counts: Counts {
+        counts: EventCounts {
             oncpu_samples: c.agg.samples,
             offcpu_intervals: c.agg.offcpu_intervals,
             offcpu_ns: c.agg.offcpu_ns,

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::{stats, Table};
 use crate::export::{
     slot_export::escape,
-    timeline::{self, Bar},
+    timeline_page::{self, Bar},
 };
 
 /// A table's forest plot: one row per exposure with a ratio, the interval
@@ -126,7 +126,7 @@ pub fn page(outcomes: &str, nodes: &[(String, Vec<Bar>)], tables: &[Table]) -> S
     let mut body = String::new();
     for (i, (node, bars)) in nodes.iter().enumerate() {
         let _ = writeln!(body, "<h2>{}: {} slots</h2>", escape(node), bars.len());
-        body.push_str(&timeline::section(&format!("timeline-{i}"), bars, None));
+        body.push_str(&timeline_page::section(&format!("timeline-{i}"), bars, None));
     }
     for t in tables {
         body.push_str(&table_html(t));
@@ -146,7 +146,7 @@ tr.raises td {{ background: #fde0dd; }}
 <p>Bad slots: {outcomes}. A ratio is how many times likelier a bad slot is with the exposure than without; red where its 95% interval lies above 1. The timelines mark bad slots (purple) above the findings (black).</p>
 {body}</body></html>
 "##,
-        style = timeline::STYLE,
+        style = timeline_page::STYLE,
         outcomes = escape(outcomes),
     )
 }

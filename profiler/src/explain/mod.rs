@@ -42,7 +42,7 @@ pub struct SlotRow {
     /// Its block, as `slotprof run` recorded it from the node's RPC.
     pub block: Option<BlockOutcome>,
     /// How the timeline of `explain.html` draws it.
-    pub bar: crate::export::timeline::Bar,
+    pub bar: crate::export::timeline_page::Bar,
 }
 
 /// The fields of a slot line explain reads (slot.json and slots.jsonl
@@ -188,7 +188,7 @@ fn read_blocks(dir: &Path, read: &mut Read) -> anyhow::Result<BTreeMap<u64, Bloc
 }
 
 fn row(node: &str, l: Line) -> SlotRow {
-    let mut bar = crate::export::timeline::Bar {
+    let mut bar = crate::export::timeline_page::Bar {
         number: l.number,
         start_ns: l.start_ns,
         duration_ms: l.duration_ms,
@@ -361,7 +361,7 @@ fn exposures(r: &SlotRow, prev: Option<&SlotRow>) -> BTreeSet<String> {
 
 /// A node's slots as its timeline draws them, each judged as the table
 /// judges it (leader slots only, when the data knows them).
-fn bars(rows: &[SlotRow], outcomes: &Outcomes) -> Vec<crate::export::timeline::Bar> {
+fn bars(rows: &[SlotRow], outcomes: &Outcomes) -> Vec<crate::export::timeline_page::Bar> {
     let leaders_known = rows.iter().any(|r| r.leader);
     rows.iter()
         .map(|r| {

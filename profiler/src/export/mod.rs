@@ -20,7 +20,7 @@ pub mod metrics;
 pub mod push;
 pub mod report;
 pub mod slot_export;
-pub mod timeline;
+pub mod timeline_page;
 
 use flamegraphs::pprof::ProfileMeta;
 

@@ -33,7 +33,7 @@ pub struct Summary {
     /// The probes' own cost, when `--probe-stats` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe_cost: Option<ProbeCost>,
-    pub counts: Counts,
+    pub counts: EventCounts,
     pub lost: Lost,
     pub frame_pointers: FramePointers,
     /// How user stacks were taken and unwound, per module.
@@ -171,7 +171,7 @@ pub struct CacheLines {
     pub samples_with_registers: usize,
     pub decoded_accesses: usize,
     /// Per sample: what decoding made of it.
-    pub decoding: crate::kernel::memory_access::DecodeStats,
+    pub decoding: crate::detectors::memory_access::DecodeStats,
 }
 
 /// TLB work caused by the target.
@@ -210,7 +210,7 @@ pub struct ExecSummary {
 }
 
 #[derive(Debug, Default, Serialize)]
-pub struct Counts {
+pub struct EventCounts {
     pub oncpu_samples: u64,
     pub offcpu_intervals: u64,
     pub offcpu_ns: u64,

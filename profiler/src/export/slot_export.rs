@@ -356,10 +356,10 @@ pub(crate) fn escape(s: &str) -> String {
 }
 
 /// A slot summary's bar on the timeline.
-pub fn bar(s: &SlotSummary) -> super::timeline::Bar {
+pub fn bar(s: &SlotSummary) -> super::timeline_page::Bar {
     let findings: Vec<&Finding> = s.findings.iter().collect();
     let busiest = s.threads.iter().map(|t| t.oncpu_ms).fold(0.0, f64::max);
-    let mut b = super::timeline::Bar::new(&s.slot, busiest, &findings);
+    let mut b = super::timeline_page::Bar::new(&s.slot, busiest, &findings);
     b.phase = s.phase.map(str::to_string);
     b
 }
@@ -455,7 +455,7 @@ document.querySelectorAll("#slots th").forEach(function (th, col) {{
 "##,
         count = count,
         nfindings = findings.len(),
-        style = super::timeline::STYLE,
-        timeline = super::timeline::section("timeline", &bars, Some("slots/")),
+        style = super::timeline_page::STYLE,
+        timeline = super::timeline_page::section("timeline", &bars, Some("slots/")),
     )
 }

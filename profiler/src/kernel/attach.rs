@@ -45,7 +45,7 @@ pub struct Uprobes<'a> {
     pub exe: Option<&'a Path>,
     /// (the setting, the mode): the program cache's functions, in the
     /// target's executable.
-    pub program_cache: (&'a str, crate::kernel::program_cache::Mode),
+    pub program_cache: (&'a str, crate::kernel::cache_functions::Mode),
 }
 
 /// Attaches to `target`: `config` with its uprobes filled in from
@@ -117,15 +117,15 @@ pub fn attach(target: &Target, uprobes: Uprobes, config: ProbeConfig) -> anyhow:
 /// line that says what they are on (or why there are none).
 fn program_cache_uprobes(
     exe: Option<&Path>,
-    (setting, mode): (&str, crate::kernel::program_cache::Mode),
-) -> anyhow::Result<(Vec<crate::kernel::program_cache::CacheUprobe>, Option<String>)> {
-    use crate::kernel::program_cache::Mode;
+    (setting, mode): (&str, crate::kernel::cache_functions::Mode),
+) -> anyhow::Result<(Vec<crate::kernel::cache_functions::CacheUprobe>, Option<String>)> {
+    use crate::kernel::cache_functions::Mode;
     if mode == Mode::Off {
         return Ok((Vec::new(), None));
     }
     let found = exe
         .context("cannot find the target's executable")
-        .and_then(crate::kernel::program_cache::find);
+        .and_then(crate::kernel::cache_functions::find);
     match (found, mode) {
         (Ok(f), _) => {
             let mut line = format!(
@@ -140,7 +140,7 @@ fn program_cache_uprobes(
         }
         (Err(e), Mode::On) => Err(e.context(format!(
             "{setting} on (looked for: {})",
-            crate::kernel::program_cache::looked_for()
+            crate::kernel::cache_functions::looked_for()
         ))),
         // One line: any program that is not a validator gets it.
         (Err(e), _) => Ok((

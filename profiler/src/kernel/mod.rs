@@ -3,8 +3,7 @@
 //! the event stream ([`ring_reader`]: the ring buffer drained off the event
 //! loop; [`events`]: its records decoded), stack maps and user stacks
 //! unwound from the copies the probes take ([`user_stacks`]), the target's
-//! threads and code ([`target`], [`memory_access`]: sampled instructions
-//! decoded against the target's code; [`program_cache`]: where a
+//! threads and code ([`target`]; [`cache_functions`]: where a
 //! validator's program-cache functions are, for their uprobes), syscall
 //! names ([`syscalls`]), the kernel's pressure-stall counters ([`psi`]) and
 //! the privileges all this needs ([`privileges`]).
@@ -14,11 +13,10 @@
 
 pub mod attach;
 pub mod btf;
+pub mod cache_functions;
 pub mod events;
-pub mod memory_access;
 pub mod privileges;
 pub mod probes;
-pub mod program_cache;
 pub mod psi;
 pub mod ring_reader;
 pub mod syscalls;

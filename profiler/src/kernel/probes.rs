@@ -58,7 +58,7 @@ pub struct ProbeConfig {
     /// A uprobe marking main-loop iterations (`--loop-symbol`).
     pub loop_uprobe: Option<(std::path::PathBuf, u64, String)>,
     /// The program cache's functions: a uprobe and a uretprobe on each.
-    pub cache_uprobes: Vec<crate::kernel::program_cache::CacheUprobe>,
+    pub cache_uprobes: Vec<crate::kernel::cache_functions::CacheUprobe>,
 }
 
 /// What one program cost, by the kernel's own accounting.
@@ -129,9 +129,9 @@ unsafe impl Pod for Offsets {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]
-struct Totals(FutexTotals);
+struct FutexTotalsPod(FutexTotals);
 // SAFETY: repr(C) plain data, every bit pattern valid.
-unsafe impl Pod for Totals {}
+unsafe impl Pod for FutexTotalsPod {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -435,7 +435,7 @@ impl Probes {
         let Some(map) = self.ebpf.map(map::FUTEX_SHORT) else {
             return Vec::new();
         };
-        let Ok(totals) = BpfHashMap::<_, u64, Totals>::try_from(map) else {
+        let Ok(totals) = BpfHashMap::<_, u64, FutexTotalsPod>::try_from(map) else {
             return Vec::new();
         };
         totals
@@ -692,7 +692,7 @@ fn attach_uprobe(
 /// would time nothing).
 fn attach_cache_uprobes(
     ebpf: &mut Ebpf,
-    places: &[crate::kernel::program_cache::CacheUprobe],
+    places: &[crate::kernel::cache_functions::CacheUprobe],
     tgid: u32,
 ) -> Vec<ProbeStatus> {
     let scope = match std::num::NonZeroU32::new(tgid) {

@@ -31,14 +31,14 @@ const MAX_READINGS: usize = 100_000;
 
 /// The "some" and "full" totals of one pressure file, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Totals {
+pub struct PsiTotals {
     pub some_us: u64,
     pub full_us: u64,
 }
 
 /// Parses a pressure file (`some avg10=0.00 avg60=0.00 avg300=0.00
 /// total=123` and the same for `full`). `None` for anything else.
-pub fn parse(text: &str) -> Option<Totals> {
+pub fn parse(text: &str) -> Option<PsiTotals> {
     let total = |kind: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.split_whitespace().next() == Some(kind))?;
         line.split_whitespace()
@@ -46,7 +46,7 @@ pub fn parse(text: &str) -> Option<Totals> {
             .parse()
             .ok()
     };
-    Some(Totals {
+    Some(PsiTotals {
         some_us: total("some")?,
         // Kernels before 5.13 have no "full" line for some resources; a
         // memory file always has it, but a missing one reads as 0.
@@ -58,8 +58,8 @@ pub fn parse(text: &str) -> Option<Totals> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Reading {
     ns: u64,
-    system: Totals,
-    cgroup: Option<Totals>,
+    system: PsiTotals,
+    cgroup: Option<PsiTotals>,
 }
 
 /// A slot's memory pressure: the time in it during which some (full: all)
@@ -75,7 +75,7 @@ pub struct SlotPressure {
     pub cgroup_full_ms: Option<f64>,
 }
 
-/// Totals at a time between readings (µs): the system's some and full,
+/// PsiTotals at a time between readings (µs): the system's some and full,
 /// the cgroup's.
 type Interpolated = (f64, f64, Option<(f64, f64)>);
 
@@ -250,7 +250,7 @@ mod tests {
     fn r(ns: u64, some: u64, full: u64) -> Reading {
         Reading {
             ns,
-            system: Totals {
+            system: PsiTotals {
                 some_us: some,
                 full_us: full,
             },
@@ -264,7 +264,7 @@ mod tests {
                     full avg10=0.50 avg60=0.10 avg300=0.01 total=7000\n";
         assert_eq!(
             parse(text),
-            Some(Totals {
+            Some(PsiTotals {
                 some_us: 15234,
                 full_us: 7000
             })
@@ -313,7 +313,7 @@ mod tests {
     fn the_cgroup_is_reported_beside_the_system_when_read() {
         let mut log = PsiLog::default();
         let c = |ns: u64, some: u64| Reading {
-            cgroup: Some(Totals {
+            cgroup: Some(PsiTotals {
                 some_us: some,
                 full_us: some / 2,
             }),

@@ -24,14 +24,14 @@ pub struct Window {
 /// The phase probe's settings: the one type the CLI (`--phase-*`) and the
 /// configuration file (`[phase_probe]`) both lower into.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeConfig {
+pub struct PhaseProbeConfig {
     pub every: Duration,
     pub burst: Duration,
     /// The CPUs to probe; `None`: every online CPU.
     pub cpus: Option<Vec<u32>>,
 }
 
-impl ProbeConfig {
+impl PhaseProbeConfig {
     /// Checked settings; the error names what is wrong, for the caller to
     /// say which flag or key it came from.
     pub fn new(every: Duration, burst: Duration, cpus: Option<Vec<u32>>) -> Result<Self, String> {
@@ -110,7 +110,7 @@ fn hash_chain(state: &mut [u8; 32], until_ns: u64) -> u64 {
 }
 
 /// Starts one probe thread per CPU.
-pub fn start(config: &ProbeConfig) -> RunningProbe {
+pub fn start(config: &PhaseProbeConfig) -> RunningProbe {
     let stop = Arc::new(AtomicBool::new(false));
     let windows = Arc::new(Mutex::new(Vec::new()));
     let threads = config
@@ -194,8 +194,8 @@ mod tests {
         let ms = Duration::from_millis;
         let here = online_cpus();
         if !here.is_empty() {
-            assert!(ProbeConfig::new(ms(100), ms(1), Some(vec![here[0], 99_999])).is_err());
-            assert!(ProbeConfig::new(ms(100), ms(1), Some(vec![here[0]])).is_ok());
+            assert!(PhaseProbeConfig::new(ms(100), ms(1), Some(vec![here[0], 99_999])).is_err());
+            assert!(PhaseProbeConfig::new(ms(100), ms(1), Some(vec![here[0]])).is_ok());
         }
     }
 }

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use symbolizer::Symbolizer;
 
 use crate::{
+    detectors::memory_access::{DecodeStats, MemoryAccess},
     detectors::{self, cache_line_ping_pong::AddressNames, DetectorConfig, Finding, Inputs, NameStack},
-    kernel::memory_access::{DecodeStats, MemoryAccess},
     pipeline::aggregate::{Aggregator, StackNamer, StackTable},
     records::Interval,
     slots::Buckets,
@@ -127,7 +127,7 @@ pub fn cache_lines(
     sym: &mut Symbolizer,
     log: Option<&mut AddressLog>,
 ) -> CacheLines {
-    let (accesses, decoding) = crate::kernel::memory_access::decode(regs, sym);
+    let (accesses, decoding) = crate::detectors::memory_access::decode(regs, sym);
     let mut names = Logged {
         inner: &mut SymNames { sym, pid },
         log,

@@ -27,16 +27,16 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    detectors::memory_access::MemoryAccess,
     detectors::{
         kvm_mmu_invalidation::{
             self,
             analysis::{Sysctls, VmInfo},
-            Counts, HostFinding, HostSample,
+            HostFinding, HostSample, InvalidationCounts,
         },
         DetectorConfig, Finding,
     },
     kernel::events,
-    kernel::memory_access::MemoryAccess,
     pipeline::aggregate::Aggregator,
     pipeline::AddressLog,
     slots::{Buckets, Slot, Timeline},
@@ -362,8 +362,8 @@ pub fn read_host(dir: &Path) -> anyhow::Result<HostRecording> {
 /// What `slotprof host` makes of the recording: the samples counted as the
 /// live session counted them, the KvmMmuInvalidation detector over the
 /// counts. Returns the counts too (the series, the totals).
-pub fn host(recording: &HostRecording) -> (Counts, Vec<HostFinding>) {
-    let mut counts = Counts::new(recording.start_ns);
+pub fn host(recording: &HostRecording) -> (InvalidationCounts, Vec<HostFinding>) {
+    let mut counts = InvalidationCounts::new(recording.start_ns);
     counts.stacks = recording.stacks.clone();
     for s in &recording.samples {
         counts.ingest(s);

@@ -104,7 +104,7 @@ pub fn outcome_from_answer(slot: u64, body: &[u8]) -> anyhow::Result<Option<Bloc
 
 /// What the fetcher did (for the summary and the metrics).
 #[derive(Debug, Default)]
-pub struct Counts {
+pub struct BlockCounts {
     pub fetched: AtomicU64,
     pub skipped: AtomicU64,
     /// Calls that failed or answers refused (after the retries).
@@ -134,7 +134,7 @@ const BLOCK_ANSWER: usize = 64 << 20;
 /// own, which never blocks the profiling.
 pub struct Fetcher {
     tx: Option<tokio::sync::mpsc::Sender<(u64, tokio::time::Instant)>>,
-    pub counts: Arc<Counts>,
+    pub counts: Arc<BlockCounts>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -142,7 +142,7 @@ impl Fetcher {
     /// Starts fetching into `export_dir/hours/<hour>/outcomes.jsonl`.
     pub fn start(ep: RpcEndpoint, export_dir: PathBuf) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        let counts = Arc::new(Counts::default());
+        let counts = Arc::new(BlockCounts::default());
         let task = tokio::spawn(fetch(Rpc::new(ep), export_dir, rx, counts.clone()));
         Self {
             tx: Some(tx),
@@ -208,7 +208,7 @@ async fn fetch(
     rpc: Rpc,
     dir: PathBuf,
     mut rx: tokio::sync::mpsc::Receiver<(u64, tokio::time::Instant)>,
-    counts: Arc<Counts>,
+    counts: Arc<BlockCounts>,
 ) {
     // (slot, when to ask, tries so far), in due order.
     let mut due: VecDeque<(u64, tokio::time::Instant, u32)> = VecDeque::new();

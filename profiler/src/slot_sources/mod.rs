@@ -12,9 +12,9 @@
 pub mod blocks;
 pub mod follower;
 pub mod rpc;
-mod spec;
+mod source_spec;
 
-pub use spec::{SlotNumbers, SlotSourceSpec};
+pub use source_spec::{SlotNumbers, SlotSourceSpec};
 
 use std::sync::{Arc, Mutex};
 

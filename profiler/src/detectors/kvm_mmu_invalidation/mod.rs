@@ -1,6 +1,6 @@
 //! KvmMmuInvalidation (`slotprof host`): the host invalidating a VM's KVM
 //! mappings, by the kernel path that did it. The pure side of `host`: the
-//! per-second counts of what the probes saw ([`Counts`], fed classified
+//! per-second counts of what the probes saw ([`InvalidationCounts`], fed classified
 //! [`HostSample`]s), the duty cycle of the bursts ([`analysis`]), which
 //! kernel path a stack is ([`source`]) and the finding per VM ([`detect`]).
 //!
@@ -48,7 +48,7 @@ pub struct HostSample {
     pub tgid: u32,
     pub comm: String,
     pub source: Source,
-    /// The kernel stack: an index into [`Counts::stacks`].
+    /// The kernel stack: an index into [`InvalidationCounts::stacks`].
     pub stack: u32,
     pub what: HostWhat,
 }
@@ -83,7 +83,7 @@ struct Part {
 }
 
 /// Everything counted so far.
-pub struct Counts {
+pub struct InvalidationCounts {
     pub start_ns: u64,
     pub series: Series,
     /// Per-VM per-second invalidated pages come from the series; these are
@@ -91,7 +91,7 @@ pub struct Counts {
     parts: BTreeMap<(u32, Source), Part>,
     /// Ranges more than one VM process maps: pages, by the set of pids.
     pub ambiguous: BTreeMap<Vec<u32>, u64>,
-    pub totals: Totals,
+    pub totals: InvalidationTotals,
     pub malformed: u64,
     /// The kernel stacks samples point at, root first.
     pub stacks: Vec<Vec<String>>,
@@ -99,7 +99,7 @@ pub struct Counts {
 
 /// Session totals, for the summary.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Totals {
+pub struct InvalidationTotals {
     pub events: u64,
     pub invalidations: u64,
     pub invalidated_pages: u64,
@@ -123,14 +123,14 @@ pub struct Totals {
     pub stacks_by_source: BTreeMap<String, Vec<String>>,
 }
 
-impl Counts {
+impl InvalidationCounts {
     pub fn new(start_ns: u64) -> Self {
         Self {
             start_ns,
             series: Series::default(),
             parts: BTreeMap::new(),
             ambiguous: BTreeMap::new(),
-            totals: Totals::default(),
+            totals: InvalidationTotals::default(),
             malformed: 0,
             stacks: Vec::new(),
         }
@@ -260,7 +260,7 @@ pub struct HostFinding {
 
 /// Builds the findings: one per VM with at least [`MIN_FINDING_PAGES`].
 pub fn detect(
-    state: &Counts,
+    state: &InvalidationCounts,
     vms: &BTreeMap<u32, VmInfo>,
     sysctls: &Sysctls,
     seconds: f64,
@@ -408,8 +408,8 @@ mod tests {
         )])
     }
 
-    fn counts(samples: &[HostSample], seconds: f64) -> Counts {
-        let mut c = Counts::new(0);
+    fn counts(samples: &[HostSample], seconds: f64) -> InvalidationCounts {
+        let mut c = InvalidationCounts::new(0);
         c.stacks.push(vec!["kcompactd".into(), "compact_zone".into()]);
         for s in samples {
             c.ingest(s);

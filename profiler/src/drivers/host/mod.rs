@@ -39,7 +39,7 @@ use crate::{
         analysis::{duty_cycle, DutyCycle, Series, Sysctls, VmInfo},
         detect,
         source::{self, Source},
-        Counts, HostFinding, HostSample, HostWhat, Totals,
+        HostFinding, HostSample, HostWhat, InvalidationCounts, InvalidationTotals,
     },
     export::report::ProbeCost,
     kernel::events::{self, comm_str},
@@ -212,7 +212,7 @@ pub struct HostSummary {
     /// CLOCK_MONOTONIC at second 0 of the series (to line it up with a
     /// guest-side or slot timeline).
     pub start_monotonic_ns: u64,
-    pub totals: Totals,
+    pub totals: InvalidationTotals,
     pub vms: Vec<VmInfo>,
     /// Ranges several VM processes map: (pids, pages).
     pub ambiguous: Vec<(Vec<u32>, u64)>,
@@ -285,7 +285,7 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
         );
     }
     let started = Instant::now();
-    let mut state = Counts::new(monotonic_ns());
+    let mut state = InvalidationCounts::new(monotonic_ns());
     let mut classifier = Classifier {
         layouts,
         sources: HashMap::new(),
@@ -382,7 +382,7 @@ pub async fn run(opts: &HostOptions) -> anyhow::Result<HostOutcome> {
 /// kept).
 fn take(
     item: &[u8],
-    state: &mut Counts,
+    state: &mut InvalidationCounts,
     classifier: &mut Classifier,
     saved: &mut Option<Vec<HostSample>>,
     (vms, probes, sym): (&Vmms, &Probes, &mut Symbolizer),
@@ -415,7 +415,7 @@ struct Ended {
 /// session.
 fn write_outputs(
     opts: &HostOptions,
-    mut state: Counts,
+    mut state: InvalidationCounts,
     mut vms: Vmms,
     ended: Ended,
     mut warnings: Vec<String>,

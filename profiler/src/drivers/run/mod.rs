@@ -490,7 +490,7 @@ struct Phase {
 impl Phase {
     /// Starts the phase probe on the configured CPUs (all online ones by
     /// default).
-    fn start(c: &crate::phase::probe::ProbeConfig) -> Phase {
+    fn start(c: &crate::phase::probe::PhaseProbeConfig) -> Phase {
         let cpus = c.cpus();
         Phase {
             probe: crate::phase::probe::start(c),
@@ -541,7 +541,7 @@ async fn follow(
         p.follow(&target.name(), f.slot_log.clone());
     }
     // Attached until the probes are gone, however this function returns.
-    let attached = Attached(snapshot.clone());
+    let attached = AttachedMark(snapshot.clone());
     crate::sd_notify::notify(&format!(
         "READY=1\nSTATUS=profiling {} (pid {}); export in {}",
         target.comm,
@@ -938,9 +938,9 @@ impl Follow {
 
 /// Marks the target attached in /metrics while alive; detached when
 /// dropped (every way out of [`follow`]).
-struct Attached(Arc<Mutex<Snapshot>>);
+struct AttachedMark(Arc<Mutex<Snapshot>>);
 
-impl Drop for Attached {
+impl Drop for AttachedMark {
     fn drop(&mut self) {
         if let Ok(mut s) = self.0.lock() {
             s.target_attached = false;
