@@ -142,7 +142,7 @@ pub struct ProfileArgs {
     /// registers, within this long of its last stack copy there reuses that
     /// copy's stack instead of copying it again (an idle worker returning
     /// to its wait hundreds of times a second). 0 copies every time.
-    #[arg(long, default_value = DEFAULT_STACK_REPEAT, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = crate::spec::DEFAULT_STACK_REPEAT, value_parser = parse_duration, value_name = "DURATION")]
     pub stack_repeat: Duration,
     /// Directory for the outputs (created if missing).
     #[arg(short, long, default_value = "slotprof-out")]
@@ -282,9 +282,6 @@ pub struct RecordArgs {
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
-
-/// The default of `--stack-repeat` and `sampling.stack_repeat`.
-pub const DEFAULT_STACK_REPEAT: &str = "250ms";
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s)

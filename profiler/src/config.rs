@@ -44,7 +44,7 @@ impl Default for SamplingSection {
         Self {
             frequency_hz: 49,
             min_offcpu: "1ms".into(),
-            stack_repeat: crate::cli::DEFAULT_STACK_REPEAT.into(),
+            stack_repeat: crate::spec::DEFAULT_STACK_REPEAT.into(),
         }
     }
 }
@@ -193,13 +193,7 @@ pub enum TargetSpec {
     Pid(u32),
 }
 
-/// Which slots get a full export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FullExport {
-    All,
-    FindingsAndLeader,
-    Findings,
-}
+pub use crate::export::always_on::FullExport;
 
 /// A checked configuration.
 #[derive(Clone, Debug)]
@@ -222,6 +216,18 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the exporter is told: `[export]`'s settings.
+    pub fn export_policy(&self) -> crate::export::always_on::ExportPolicy {
+        crate::export::always_on::ExportPolicy {
+            dir: self.export_dir.clone(),
+            full: self.full_export,
+            hourly: self.hourly_profiles,
+            retention_bytes: self.retention_bytes,
+            retention_age: self.retention_age,
+            free_space_floor: self.free_space_floor,
+        }
+    }
+
     /// Reads and checks a configuration file.
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         // A configuration is a few KiB: 1 MiB is a file that is not one.

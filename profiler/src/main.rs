@@ -1,22 +1,14 @@
 //! The `slotprof` binary: parse the command line, run, report.
 
-use std::{
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    process::ExitCode,
-};
+use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Parser;
 use profiler::{
     cli::{Cli, Command},
-    drivers::session::{self, HeldChild, SessionOptions},
+    drivers::session::{self, SessionOptions},
     kernel::privileges,
-    kernel::target::Target,
+    kernel::target::{exec_when_released, find_program, spawn_held, Target, HELD_FD_ENV},
 };
-
-/// Environment variable that turns this process into the held trampoline of
-/// `record`: wait for a byte on the named fd, then exec the command.
-const HELD_FD_ENV: &str = "SLOTPROF_HELD_FD";
 
 fn main() -> ExitCode {
     // Large buffers (ring batches, a slot's SVG, folded text and pprof:
@@ -191,91 +183,6 @@ fn session_options(
             push
         },
     })
-}
-
-/// Starts `argv` held: the child is slotprof itself, waiting on a pipe,
-/// and it execs `argv` (keeping its pid) only once the probes are attached,
-/// so nothing the command does is missed. (Blocking in `pre_exec` instead
-/// would deadlock: spawn waits for the exec.)
-fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
-    let mut fds = [0; 2];
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("pipe2");
-    }
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let gate = read_end.as_raw_fd();
-    let me = std::env::current_exe().context("cannot find slotprof's own executable")?;
-    let mut cmd = tokio::process::Command::new(me);
-    cmd.args(argv)
-        .env(HELD_FD_ENV, gate.to_string())
-        .kill_on_drop(true);
-    // SAFETY: only async-signal-safe calls (fcntl) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Let the read end survive into the trampoline.
-            if libc::fcntl(gate, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().context("cannot start the held child")?;
-    drop(read_end);
-    let pid = child.id().context("the command exited at once")?;
-    Ok((
-        HeldChild {
-            child,
-            release: write_end,
-        },
-        pid,
-    ))
-}
-
-/// Checks that `program` can be run, the way `exec` will look for it.
-fn find_program(program: &str) -> anyhow::Result<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        anyhow::ensure!(
-            runnable(std::path::Path::new(program)),
-            "cannot run `{program}`: no such executable file"
-        );
-        return Ok(program.into());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| runnable(p))
-        .ok_or_else(|| {
-            anyhow::anyhow!("cannot run `{program}`: not found on PATH (give its path, e.g. ./{program})")
-        })
-}
-
-/// The trampoline side of [`spawn_held`].
-fn exec_when_released(fd: Option<i32>) -> ExitCode {
-    use std::os::unix::process::CommandExt;
-    let Some(fd) = fd else {
-        eprintln!("slotprof: error: {HELD_FD_ENV} is not a file descriptor");
-        return ExitCode::FAILURE;
-    };
-    let mut b = [0u8; 1];
-    if unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } != 1 {
-        // slotprof failed before attaching: run nothing.
-        return ExitCode::FAILURE;
-    }
-    unsafe { libc::close(fd) };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let err = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .env_remove(HELD_FD_ENV)
-        .exec();
-    eprintln!(
-        "slotprof: error: cannot run `{}`: {err} (is it on PATH and executable?)",
-        argv[0]
-    );
-    ExitCode::from(127)
 }
 
 /// A command's exit code as a shell gives it: its own, or 128 + the

@@ -12,6 +12,9 @@ use anyhow::bail;
 
 use crate::{detectors::DetectorConfig, phase::probe::PhaseProbeConfig, slot_sources::SlotSourceSpec};
 
+/// The default of `--stack-repeat` and `sampling.stack_repeat`.
+pub const DEFAULT_STACK_REPEAT: &str = "250ms";
+
 #[derive(Clone, Debug)]
 pub struct ProfileSpec {
     /// On-CPU samples per second, per CPU.

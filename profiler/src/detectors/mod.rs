@@ -239,35 +239,51 @@ impl<'a> Inputs<'a> {
         }
     }
 
-    /// Threads whose every stall counts: `--hot-thread` names and the
-    /// loop thread.
+    /// Threads whose every stall counts (see [`hot_tids`]).
     pub fn hot_tids(&self, config: &DetectorConfig) -> Vec<u32> {
-        let mut hot: Vec<u32> = self
-            .thread_names
-            .iter()
-            .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
-            .map(|(t, _)| *t)
-            .collect();
-        hot.extend(self.loop_tid(config));
-        hot
+        hot_tids(self.thread_names, self.loop_marks, config)
     }
 
-    /// The loop thread's tid, from the config or the loop marks.
+    /// The loop thread's tid (see [`loop_tid`]).
     pub fn loop_tid(&self, config: &DetectorConfig) -> Option<u32> {
-        match &config.loop_thread {
-            Some(LoopThread::Tid(t)) => Some(*t),
-            Some(LoopThread::Name(n)) => {
-                let mut tids: Vec<u32> = self
-                    .thread_names
-                    .iter()
-                    .filter(|(_, name)| *name == n)
-                    .map(|(t, _)| *t)
-                    .collect();
-                tids.sort_unstable();
-                tids.first().copied()
-            }
-            None => self.loop_marks.first().map(|m| m.tid),
+        loop_tid(self.thread_names, self.loop_marks, config)
+    }
+}
+
+/// Threads whose every stall counts: `--hot-thread` names and the loop
+/// thread.
+pub fn hot_tids(
+    thread_names: &HashMap<u32, String>,
+    loop_marks: &[LoopMark],
+    config: &DetectorConfig,
+) -> Vec<u32> {
+    let mut hot: Vec<u32> = thread_names
+        .iter()
+        .filter(|(_, n)| config.hot_threads.iter().any(|h| h == *n))
+        .map(|(t, _)| *t)
+        .collect();
+    hot.extend(loop_tid(thread_names, loop_marks, config));
+    hot
+}
+
+/// The loop thread's tid, from the config or the loop marks.
+pub fn loop_tid(
+    thread_names: &HashMap<u32, String>,
+    loop_marks: &[LoopMark],
+    config: &DetectorConfig,
+) -> Option<u32> {
+    match &config.loop_thread {
+        Some(LoopThread::Tid(t)) => Some(*t),
+        Some(LoopThread::Name(n)) => {
+            let mut tids: Vec<u32> = thread_names
+                .iter()
+                .filter(|(_, name)| *name == n)
+                .map(|(t, _)| *t)
+                .collect();
+            tids.sort_unstable();
+            tids.first().copied()
         }
+        None => loop_marks.first().map(|m| m.tid),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::{
     collections::HashMap,
     io::{IsTerminal, Write},
-    os::fd::{AsFd, OwnedFd},
+    os::fd::AsFd,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -19,7 +19,8 @@ use crate::{
     export::{push::Pusher, slot_export, SlotExport, SlotResult},
     kernel::events,
     kernel::probes::{ProbeConfig, Probes, StackCache},
-    kernel::target::Target,
+    kernel::stream,
+    kernel::target::{symbolizer_for, MapsErrors, Target},
     pipeline::aggregate::{Aggregator, Profiles, Row, RowKey, StackTable},
     slot_sources::SharedSlotLog,
     slot_sources::SlotSourceSpec,
@@ -50,12 +51,7 @@ pub struct SessionOptions {
     pub push: crate::spec::PushConfig,
 }
 
-/// A process started by `record`, held before `exec` until the probes are in.
-pub struct HeldChild {
-    pub child: tokio::process::Child,
-    /// Writing a byte here lets the child exec.
-    pub release: OwnedFd,
-}
+pub use crate::kernel::target::HeldChild;
 
 /// What a finished session produced.
 pub struct Outcome {
@@ -278,13 +274,15 @@ impl Live {
         loop {
             tokio::select! {
                 batch = self.ring.recv() => match batch {
-                    Some(batch) => feed(
+                    Some(batch) => stream::feed(
                         &batch,
-                        &mut self.agg,
-                        &self.slot_log,
-                        self.saved.as_mut(),
-                        &mut self.recent_ids[0],
                         &mut self.stacks.user,
+                        &mut SessionSink {
+                            agg: &mut self.agg,
+                            slot_log: &self.slot_log,
+                            saved: self.saved.as_mut(),
+                            stack_ids: &mut self.recent_ids[0],
+                        },
                     ),
                     None => anyhow::bail!("the ring buffer's reader thread ended"),
                 },
@@ -355,17 +353,25 @@ impl Live {
             &mut self.recent_ids,
             &mut self.stacks,
         );
-        drain(
+        stream::drain(
             &mut self.ring,
-            agg,
-            slot_log,
-            self.saved.as_mut(),
-            &mut recent_ids[0],
             &mut stacks.user,
+            &mut SessionSink {
+                agg,
+                slot_log,
+                saved: self.saved.as_mut(),
+                stack_ids: &mut recent_ids[0],
+            },
         );
-        stacks
-            .user
-            .expire(&mut |e| ingest(agg, slot_log, &mut recent_ids[0], e));
+        {
+            let mut sink = SessionSink {
+                agg,
+                slot_log,
+                saved: None,
+                stack_ids: &mut recent_ids[0],
+            };
+            stacks.user.expire(&mut |e| stream::Sink::event(&mut sink, e));
+        }
         self.probes.set_stack_tops(&stacks.user.take_stack_tops());
         let in_flight = self.probes.in_flight_offcpu();
         let still_needed = recent_ids
@@ -425,17 +431,25 @@ impl Live {
             })
             .collect();
         let kernel_ring = ring.finish();
-        drain(
+        stream::drain(
             &mut ring,
-            &mut agg,
-            &slot_log,
-            saved.as_mut(),
-            &mut recent_ids[0],
             &mut stacks.user,
+            &mut SessionSink {
+                agg: &mut agg,
+                slot_log: &slot_log,
+                saved: saved.as_mut(),
+                stack_ids: &mut recent_ids[0],
+            },
         );
-        stacks
-            .user
-            .flush(&mut |e| ingest(&mut agg, &slot_log, &mut recent_ids[0], e));
+        {
+            let mut sink = SessionSink {
+                agg: &mut agg,
+                slot_log: &slot_log,
+                saved: None,
+                stack_ids: &mut recent_ids[0],
+            };
+            stacks.user.flush(&mut |e| stream::Sink::event(&mut sink, e));
+        }
         if let Some(mut w) = saved.take() {
             w.flush().context("--save-events")?;
         }
@@ -1081,14 +1095,6 @@ impl<'a> SlotLabelled<'a> {
     }
 }
 
-/// A symbolizer that has taken the memory map of `pid`.
-pub(crate) fn symbolizer_for(pid: u32) -> anyhow::Result<Symbolizer> {
-    let mut sym = Symbolizer::new();
-    sym.track_process(pid)
-        .with_context(|| format!("cannot read /proc/{pid}/maps (does slotprof have CAP_SYS_PTRACE?)"))?;
-    Ok(sym)
-}
-
 /// After releasing a held child: its view once it has exec'd the command
 /// and the kernel has mapped the command's code (its executable is no
 /// longer slotprof's, and `/proc/PID/maps` shows the new one executable),
@@ -1114,29 +1120,6 @@ async fn wait_for_exec(held: &Target) -> Target {
     Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
 }
 
-/// Failed re-reads of a target's memory map: said once (with the first
-/// error), since code mapped after the last good read is not symbolized.
-#[derive(Default)]
-pub(crate) struct MapsErrors {
-    said: bool,
-}
-
-impl MapsErrors {
-    pub(crate) fn note(&mut self, pid: u32, e: &std::io::Error) {
-        // Gone: the target exited (said when the loop sees it), not a
-        // map that cannot be read.
-        if crate::sys::is_gone(e) {
-            return;
-        }
-        if !std::mem::replace(&mut self.said, true) {
-            eprintln!(
-                "slotprof: warning: cannot re-read /proc/{pid}/maps ({e}); code mapped after the last read \
-                 will show as [unknown] addresses"
-            );
-        }
-    }
-}
-
 /// Whether `target`'s executable has an executable mapping yet.
 fn code_is_mapped(target: &Target) -> bool {
     let Some(exe) = &target.exe else { return false };
@@ -1147,50 +1130,37 @@ fn code_is_mapped(target: &Target) -> bool {
     })
 }
 
-/// Feeds every batch the reader has queued.
-fn drain(
-    ring: &mut crate::kernel::ring_reader::RingReader,
-    agg: &mut Aggregator,
-    slot_log: &SharedSlotLog,
-    mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
-    stack_ids: &mut Vec<i32>,
-    user: &mut crate::kernel::user_stacks::UserStacks,
-) {
-    while let Some(batch) = ring.try_recv() {
-        feed(&batch, agg, slot_log, saved.as_deref_mut(), stack_ids, user);
-    }
+/// A session's side of the event stream: the aggregator, the slot log
+/// (slot marks), the raw recording (`--save-events`) and the stack ids
+/// seen since the last sweep.
+struct SessionSink<'a> {
+    agg: &'a mut Aggregator,
+    slot_log: &'a SharedSlotLog,
+    saved: Option<&'a mut std::io::BufWriter<std::fs::File>>,
+    stack_ids: &'a mut Vec<i32>,
 }
 
-fn feed(
-    batch: &crate::kernel::ring_reader::Batch,
-    agg: &mut Aggregator,
-    slot_log: &SharedSlotLog,
-    mut saved: Option<&mut std::io::BufWriter<std::fs::File>>,
-    stack_ids: &mut Vec<i32>,
-    user: &mut crate::kernel::user_stacks::UserStacks,
-) {
-    user.begin_batch();
-    for item in batch.records() {
-        if let Some(w) = saved.as_deref_mut() {
-            if events::write_raw(w, item).is_err() {
-                agg.note_malformed();
+impl stream::Sink for SessionSink<'_> {
+    fn event(&mut self, event: events::Event) {
+        match event {
+            events::Event::SlotMark(m) => self.slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
+            event => {
+                self.stack_ids
+                    .extend(event.stack_ids().into_iter().filter(|&id| id >= 0));
+                self.agg.ingest(&event);
             }
         }
-        if user
-            .feed(item, &mut |e| ingest(agg, slot_log, stack_ids, e))
-            .is_err()
-        {
-            agg.note_malformed();
-        }
     }
-}
 
-fn ingest(agg: &mut Aggregator, slot_log: &SharedSlotLog, stack_ids: &mut Vec<i32>, event: events::Event) {
-    match event {
-        events::Event::SlotMark(m) => slot_log.lock().unwrap().marks.push((m.ts_ns, m.arg0)),
-        event => {
-            stack_ids.extend(event.stack_ids().into_iter().filter(|&id| id >= 0));
-            agg.ingest(&event);
+    fn malformed(&mut self) {
+        self.agg.note_malformed();
+    }
+
+    fn raw(&mut self, record: &[u8]) {
+        if let Some(w) = self.saved.as_deref_mut() {
+            if events::write_raw(w, record).is_err() {
+                self.agg.note_malformed();
+            }
         }
     }
 }

@@ -31,7 +31,6 @@ use flamegraphs::{pprof::ProfileMeta, FoldedSum};
 
 use super::{SlotExport, SlotResult};
 use crate::{
-    config::{Config, FullExport},
     detectors::Finding,
     export::report::{write_profiles, write_profiles_with, Parts, SlotLabels, WindowSlots},
     export::slot_export::{index_html, merged, summarize, window_json, SlotSummary},
@@ -68,6 +67,26 @@ struct Hour {
     offcpu: FoldedSum,
     lines: Vec<String>,
     last_write: Option<std::time::Instant>,
+}
+
+/// Which slots get a full export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullExport {
+    All,
+    FindingsAndLeader,
+    Findings,
+}
+
+/// What the exporter is told by its driver (from the configuration's
+/// `[export]`): where, which slots in full, and what to keep how long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportPolicy {
+    pub dir: PathBuf,
+    pub full: FullExport,
+    pub hourly: bool,
+    pub retention_bytes: u64,
+    pub retention_age: Duration,
+    pub free_space_floor: u64,
 }
 
 pub struct Exporter {
@@ -178,8 +197,8 @@ impl Exporter {
 
     /// Opens (creating) the export directory, removes what a crash left
     /// half-written, and takes stock of what is there for retention.
-    pub fn open(config: &Config) -> anyhow::Result<Self> {
-        let dir = config.export_dir.clone();
+    pub fn open(config: &ExportPolicy) -> anyhow::Result<Self> {
+        let dir = config.dir.clone();
         for sub in ["slots", "windows", "hours"] {
             std::fs::create_dir_all(dir.join(sub)).with_context(|| {
                 format!(
@@ -221,8 +240,8 @@ impl Exporter {
             .as_nanos() as i128;
         let mut me = Self {
             dir,
-            policy: config.full_export,
-            hourly: config.hourly_profiles,
+            policy: config.full,
+            hourly: config.hourly,
             retention_bytes: config.retention_bytes,
             retention_age: config.retention_age,
             floor: config.free_space_floor,
@@ -230,7 +249,7 @@ impl Exporter {
             total,
             root_bytes: ["findings.json", "index.html"]
                 .iter()
-                .filter_map(|f| std::fs::metadata(config.export_dir.join(f)).ok())
+                .filter_map(|f| std::fs::metadata(config.dir.join(f)).ok())
                 .map(|m| m.len())
                 .sum(),
             paused: false,
@@ -255,15 +274,15 @@ impl Exporter {
     }
 
     /// Takes a reloaded configuration's export policy (the directory stays).
-    pub fn reconfigure(&mut self, config: &Config) {
-        if config.export_dir != self.dir {
+    pub fn reconfigure(&mut self, config: &ExportPolicy) {
+        if config.dir != self.dir {
             eprintln!(
                 "slotprof: warning: export.dir changed to {}; it takes effect when slotprof restarts",
-                config.export_dir.display()
+                config.dir.display()
             );
         }
-        self.policy = config.full_export;
-        self.hourly = config.hourly_profiles;
+        self.policy = config.full;
+        self.hourly = config.hourly;
         self.retention_bytes = config.retention_bytes;
         self.retention_age = config.retention_age;
         self.floor = config.free_space_floor;
@@ -871,12 +890,12 @@ mod ledger_tests {
     fn the_ledger_matches_the_disk_and_the_cap_holds() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
-        let config = Config::parse(&format!(
+        let config = crate::config::Config::parse(&format!(
             "[target]\npid = 1\n[export]\ndir = \"{}\"\nfull = \"all\"\nretention_bytes = \"256KiB\"\n",
             dir.display()
         ))
         .unwrap();
-        let mut e = Exporter::open(&config).unwrap();
+        let mut e = Exporter::open(&config.export_policy()).unwrap();
         let meta = plain_meta();
         for n in 0..40u64 {
             let mut p = empty_profiles();
@@ -948,13 +967,13 @@ mod ledger_tests {
     /// An exporter into `dir` with `export.full = full`, no hourly
     /// profiles, and plain profile metadata.
     fn exporter_in(dir: &Path, full: &str) -> (Exporter, ProfileMeta) {
-        let config = Config::parse(&format!(
+        let config = crate::config::Config::parse(&format!(
             "[target]\npid = 1\n[export]\ndir = \"{}\"\nfull = \"{full}\"\nhourly_profiles = false\n",
             dir.display()
         ))
         .unwrap();
         let meta = plain_meta();
-        (Exporter::open(&config).unwrap(), meta)
+        (Exporter::open(&config.export_policy()).unwrap(), meta)
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Everything that touches the kernel or the target process: loading and
 //! attaching the probes ([`probes`], [`attach`], [`btf`], [`tracefs`]),
 //! the event stream ([`ring_reader`]: the ring buffer drained off the event
-//! loop; [`events`]: its records decoded), stack maps and user stacks
+//! loop; [`events`]: its records decoded; [`stream`]: both, through the
+//! user-stack unwinder, into a driver's sink), stack maps and user stacks
 //! unwound from the copies the probes take ([`user_stacks`]), the target's
 //! threads and code ([`target`]; [`cache_functions`]: where a
 //! validator's program-cache functions are, for their uprobes), syscall
@@ -19,6 +20,7 @@ pub mod privileges;
 pub mod probes;
 pub mod psi;
 pub mod ring_reader;
+pub mod stream;
 pub mod syscalls;
 pub mod target;
 pub mod tracefs;

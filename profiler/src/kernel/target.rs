@@ -1,8 +1,13 @@
-//! The process being profiled.
+//! The process being profiled: what is known of it ([`Target`]), and for
+//! `record` the command started held until the probes are in
+//! ([`spawn_held`], its trampoline [`exec_when_released`]).
 
-use std::path::PathBuf;
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::PathBuf,
+};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 
 /// What we know about the target process.
 #[derive(Clone, Debug)]
@@ -147,6 +152,133 @@ fn stat_flags(text: &str) -> Option<u64> {
     let rest = text.get(text.rfind(')')? + 2..)?;
     // Field 9 overall is index 6 after pid and comm.
     rest.split(' ').nth(6)?.parse().ok()
+}
+
+/// A symbolizer that has taken the memory map of `pid`.
+pub fn symbolizer_for(pid: u32) -> anyhow::Result<symbolizer::Symbolizer> {
+    let mut sym = symbolizer::Symbolizer::new();
+    sym.track_process(pid)
+        .with_context(|| format!("cannot read /proc/{pid}/maps (does slotprof have CAP_SYS_PTRACE?)"))?;
+    Ok(sym)
+}
+
+/// Failed re-reads of a target's memory map: said once (with the first
+/// error), since code mapped after the last good read is not symbolized.
+#[derive(Default)]
+pub struct MapsErrors {
+    said: bool,
+}
+
+impl MapsErrors {
+    pub fn note(&mut self, pid: u32, e: &std::io::Error) {
+        // Gone: the target exited (said when the loop sees it), not a
+        // map that cannot be read.
+        if crate::sys::is_gone(e) {
+            return;
+        }
+        if !std::mem::replace(&mut self.said, true) {
+            eprintln!(
+                "slotprof: warning: cannot re-read /proc/{pid}/maps ({e}); code mapped after the last read \
+                 will show as [unknown] addresses"
+            );
+        }
+    }
+}
+
+/// Environment variable that turns this process into the held trampoline of
+/// `record`: wait for a byte on the named fd, then exec the command.
+pub const HELD_FD_ENV: &str = "SLOTPROF_HELD_FD";
+
+/// A process started by `record`, held before `exec` until the probes are in.
+pub struct HeldChild {
+    pub child: tokio::process::Child,
+    /// Writing a byte here lets the child exec.
+    pub release: OwnedFd,
+}
+
+/// Starts `argv` held: the child is slotprof itself, waiting on a pipe,
+/// and it execs `argv` (keeping its pid) only once the probes are attached,
+/// so nothing the command does is missed. (Blocking in `pre_exec` instead
+/// would deadlock: spawn waits for the exec.)
+pub fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe2");
+    }
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let gate = read_end.as_raw_fd();
+    let me = std::env::current_exe().context("cannot find slotprof's own executable")?;
+    let mut cmd = tokio::process::Command::new(me);
+    cmd.args(argv)
+        .env(HELD_FD_ENV, gate.to_string())
+        .kill_on_drop(true);
+    // SAFETY: only async-signal-safe calls (fcntl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Let the read end survive into the trampoline.
+            if libc::fcntl(gate, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start the held child")?;
+    drop(read_end);
+    let pid = child.id().context("the command exited at once")?;
+    Ok((
+        HeldChild {
+            child,
+            release: write_end,
+        },
+        pid,
+    ))
+}
+
+/// Checks that `program` can be run, the way `exec` will look for it.
+pub fn find_program(program: &str) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        anyhow::ensure!(
+            runnable(std::path::Path::new(program)),
+            "cannot run `{program}`: no such executable file"
+        );
+        return Ok(program.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| runnable(p))
+        .ok_or_else(|| {
+            anyhow::anyhow!("cannot run `{program}`: not found on PATH (give its path, e.g. ./{program})")
+        })
+}
+
+/// The trampoline side of [`spawn_held`].
+pub fn exec_when_released(fd: Option<i32>) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let Some(fd) = fd else {
+        eprintln!("slotprof: error: {HELD_FD_ENV} is not a file descriptor");
+        return std::process::ExitCode::FAILURE;
+    };
+    let mut b = [0u8; 1];
+    if unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } != 1 {
+        // slotprof failed before attaching: run nothing.
+        return std::process::ExitCode::FAILURE;
+    }
+    unsafe { libc::close(fd) };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let err = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_remove(HELD_FD_ENV)
+        .exec();
+    eprintln!(
+        "slotprof: error: cannot run `{}`: {err} (is it on PATH and executable?)",
+        argv[0]
+    );
+    std::process::ExitCode::from(127)
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ pub fn detector_intervals(
     config: &DetectorConfig,
     thread_names: &HashMap<u32, String>,
 ) -> std::io::Result<Vec<Interval>> {
-    let tids: Vec<u32> = inputs(agg, 0, &[], thread_names, &[]).hot_tids(config);
+    let tids = crate::detectors::hot_tids(thread_names, &agg.loop_marks, config);
     if tids.is_empty() {
         return Ok(Vec::new());
     }

@@ -37,6 +37,7 @@ use crate::{
     export::{always_on, push::Pusher, SlotExport, SlotResult},
     kernel::events::Event,
     kernel::probes::{ProbeConfig, Probes, StackCache},
+    kernel::stream,
     kernel::target::Target,
     pipeline::aggregate::Aggregator,
     pipeline::slot_window::{place_in_slots, Pending},
@@ -234,7 +235,7 @@ async fn repush(pusher: &mut Option<Pusher>, old: &Config, new: &Config, snapsho
 /// Runs until SIGTERM/SIGINT (or `--duration`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut config = load(&o)?;
-    let mut exporter = always_on::Exporter::open(&config)?;
+    let mut exporter = always_on::Exporter::open(&config.export_policy())?;
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
     let mut pusher = start_push(&config, &snapshot);
     let mut server = start_metrics(&config, &snapshot).await?;
@@ -272,7 +273,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                             server.abort();
                             server = start_metrics(&old, &snapshot).await?;
                         }
-                        exporter.reconfigure(&old);
+                        exporter.reconfigure(&old.export_policy());
                         repush(&mut pusher, &config, &old, &snapshot).await;
                         config = old;
                         continue;
@@ -318,7 +319,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                         server.abort();
                         server = serve_metrics(listener, &new.config, &snapshot)?;
                     }
-                    exporter.reconfigure(&new.config);
+                    exporter.reconfigure(&new.config.export_policy());
                     repush(&mut pusher, &config, &new.config, &snapshot).await;
                     previous = Some(std::mem::replace(&mut config, new.config));
                     eprintln!("slotprof: configuration reloaded from {}", o.config.display());
@@ -332,7 +333,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     server.abort();
                     server = serve_metrics(listener, &new.config, &snapshot)?;
                 }
-                exporter.reconfigure(&new.config);
+                exporter.reconfigure(&new.config.export_policy());
                 repush(&mut pusher, &config, &new.config, &snapshot).await;
                 previous = Some(std::mem::replace(&mut config, new.config));
                 eprintln!(
@@ -565,7 +566,11 @@ async fn follow(
             batch = f.ring.recv() => match batch {
                 Some(batch) => {
                     let began = std::time::Instant::now();
-                    feed(&batch, &mut f.pending, &f.slot_log, &mut f.stacks.user);
+                    stream::feed(
+                        &batch,
+                        &mut f.stacks.user,
+                        &mut RunSink { pending: &mut f.pending, slot_log: &f.slot_log },
+                    );
                     f.losses.busy(began.elapsed(), f.ring.queued_bytes());
                 }
                 None => anyhow::bail!("the ring buffer's reader thread ended"),
@@ -576,7 +581,7 @@ async fn follow(
                     Ok(new) if new.config.push != chunk.config.push => break End::Reload(Box::new(new)),
                     Ok(new) => {
                         let new = new.config;
-                        chunk.exporter.reconfigure(&new);
+                        chunk.exporter.reconfigure(&new.export_policy());
                         chunk.config = new;
                         eprintln!("slotprof: configuration reloaded from {} (applied in place)", o.config.display());
                         crate::sd_notify::notify("READY=1");
@@ -632,7 +637,7 @@ struct Follow {
     /// restarts of slotprof and of the target).
     origin: (u64, u64),
     sym: Symbolizer,
-    maps_errors: crate::drivers::session::MapsErrors,
+    maps_errors: crate::kernel::target::MapsErrors,
     phase: Option<Phase>,
     psi: Option<crate::kernel::psi::PsiSampler>,
     pending: Pending,
@@ -716,8 +721,8 @@ impl Follow {
             slot_log,
             source_task,
             origin,
-            sym: crate::drivers::session::symbolizer_for(target.pid)?,
-            maps_errors: crate::drivers::session::MapsErrors::default(),
+            sym: crate::kernel::target::symbolizer_for(target.pid)?,
+            maps_errors: crate::kernel::target::MapsErrors::default(),
             phase: config.spec.phase_probe.as_ref().map(Phase::start),
             psi,
             pending: Pending::default(),
@@ -773,7 +778,11 @@ impl Follow {
         // kernel's ring (the reader drains it every 10 ms).
         let synced = self.ring.synced_ns();
         let (pending, slot_log) = (&mut self.pending, &self.slot_log);
-        drain(&mut self.ring, pending, slot_log, &mut self.stacks.user);
+        stream::drain(
+            &mut self.ring,
+            &mut self.stacks.user,
+            &mut RunSink { pending, slot_log },
+        );
         self.stacks.user.expire(&mut |e| pending.push(slot_log, e));
         self.probes.set_stack_tops(&self.stacks.user.take_stack_tops());
         // A slot is cut once every record that began in it is here: one
@@ -898,7 +907,11 @@ impl Follow {
     fn finish(mut self, chunk: &mut Chunk, lost_before: &mut HashMap<String, u64>) -> anyhow::Result<()> {
         let kernel_ring = self.ring.finish();
         let (pending, slot_log) = (&mut self.pending, &self.slot_log);
-        drain(&mut self.ring, pending, slot_log, &mut self.stacks.user);
+        stream::drain(
+            &mut self.ring,
+            &mut self.stacks.user,
+            &mut RunSink { pending, slot_log },
+        );
         self.stacks.user.flush(&mut |e| pending.push(slot_log, e));
         let now = monotonic_ns() + GRACE_NS;
         let done = finished_slots(
@@ -1055,29 +1068,20 @@ impl LossReport {
     }
 }
 
-/// Feeds every batch the reader has queued.
-fn drain(
-    ring: &mut crate::kernel::ring_reader::RingReader,
-    pending: &mut Pending,
-    slot_log: &SharedSlotLog,
-    user: &mut crate::kernel::user_stacks::UserStacks,
-) {
-    while let Some(batch) = ring.try_recv() {
-        feed(&batch, pending, slot_log, user);
-    }
+/// `run`'s side of the event stream: events wait in `pending` until their
+/// slot ends; slot marks go to the slot log.
+struct RunSink<'a> {
+    pending: &'a mut Pending,
+    slot_log: &'a SharedSlotLog,
 }
 
-fn feed(
-    batch: &crate::kernel::ring_reader::Batch,
-    pending: &mut Pending,
-    slot_log: &SharedSlotLog,
-    user: &mut crate::kernel::user_stacks::UserStacks,
-) {
-    user.begin_batch();
-    for item in batch.records() {
-        if user.feed(item, &mut |e| pending.push(slot_log, e)).is_err() {
-            pending.malformed += 1;
-        }
+impl stream::Sink for RunSink<'_> {
+    fn event(&mut self, event: Event) {
+        self.pending.push(self.slot_log, event);
+    }
+
+    fn malformed(&mut self) {
+        self.pending.malformed += 1;
     }
 }
 
