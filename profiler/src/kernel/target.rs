@@ -154,6 +154,41 @@ fn stat_flags(text: &str) -> Option<u64> {
     rest.split(' ').nth(6)?.parse().ok()
 }
 
+/// After releasing a held child: its view once it has exec'd the command
+/// and the kernel has mapped the command's code (its executable is no
+/// longer slotprof's, and `/proc/PID/maps` shows the new one executable),
+/// or as it is after 60 s. An exec takes a millisecond natively but can
+/// take seconds in an emulated VM under the probes; past the old 2 s limit
+/// the session took the trampoline's executable for the target's. The
+/// executable changes at the start of the exec, before its code is
+/// mapped: a map read in between holds only the stack, and a VM run whose
+/// first read fell there once decoded none of its samples. The auxiliary
+/// vector is written after the code is mapped: waited for too, or the
+/// first look at it would show an exec that did not happen.
+pub async fn wait_for_exec(held: &Target) -> Target {
+    for _ in 0..12_000 {
+        match Target::from_pid(held.pid) {
+            Ok(now) if now.exe != held.exe && code_is_mapped(&now) && now.auxv_written() => return now,
+            Ok(_) => {}
+            // Gone (the exec failed and the trampoline exited): the
+            // session sees it exit.
+            Err(_) => break,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    Target::from_pid(held.pid).unwrap_or_else(|_| held.clone())
+}
+
+/// Whether `target`'s executable has an executable mapping yet.
+fn code_is_mapped(target: &Target) -> bool {
+    let Some(exe) = &target.exe else { return false };
+    symbolizer::maps::ProcessMaps::read(target.pid).is_ok_and(|m| {
+        m.mappings()
+            .iter()
+            .any(|m| m.executable && m.path.as_deref() == Some(exe.as_path()))
+    })
+}
+
 /// A symbolizer that has taken the memory map of `pid`.
 pub fn symbolizer_for(pid: u32) -> anyhow::Result<symbolizer::Symbolizer> {
     let mut sym = symbolizer::Symbolizer::new();
