@@ -29,6 +29,15 @@ pub enum Command {
     /// On a hypervisor host: what the host's memory management (compaction,
     /// migration) does to its VMs' memory, per second, with the fix.
     Host(HostArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to
+    /// stdout, e.g. `slotprof completions bash > /etc/bash_completion.d/slotprof`.
+    Completions { shell: clap_complete::Shell },
+    /// Write man pages (slotprof.1 and one per subcommand) into DIR, e.g.
+    /// `slotprof man /usr/local/share/man/man1`.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -418,5 +427,72 @@ impl PhaseArgs {
         crate::phase::probe::PhaseProbeConfig::new(self.phase_every, self.phase_burst, cpus)
             .map(Some)
             .map_err(|e| anyhow::anyhow!("--phase-every/--phase-burst/--phase-cpus: {e}"))
+    }
+}
+
+/// Shell completions for `shell`, as `slotprof completions` prints them.
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cmd, "slotprof", out);
+}
+
+/// Writes `slotprof.1` and `slotprof-SUBCOMMAND.1` for every subcommand
+/// into `dir` (created); the files written.
+pub fn man_pages(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut written = Vec::new();
+    let mut page = |name: String, cmd: clap::Command| -> anyhow::Result<()> {
+        let mut text = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut text)?;
+        let path = dir.join(format!("{name}.1"));
+        crate::output::write_atomic(&path, &text)?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("slotprof-{}", sub.get_name());
+        page(
+            name.clone(),
+            sub.clone().display_name(name.clone()).bin_name(name),
+        )?;
+    }
+    page("slotprof".to_string(), cmd)?;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_and_man_pages_cover_every_subcommand() {
+        let mut bash = Vec::new();
+        completions(clap_complete::Shell::Bash, &mut bash);
+        let bash = String::from_utf8(bash).unwrap();
+        for sub in ["attach", "record", "run", "explain", "diff", "host"] {
+            assert!(bash.contains(sub), "bash completions lack {sub}");
+        }
+        assert!(bash.contains("--slot-source"));
+        let dir = tempfile::tempdir().unwrap();
+        let pages = man_pages(dir.path()).unwrap();
+        let names: Vec<String> = pages
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "slotprof.1",
+            "slotprof-record.1",
+            "slotprof-run.1",
+            "slotprof-explain.1",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+        }
+        let record = std::fs::read_to_string(dir.path().join("slotprof-record.1")).unwrap();
+        assert!(
+            record.contains("slot\\-source"),
+            "{}",
+            &record[..record.len().min(600)]
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use profiler::{
     cli::{Cli, Command},
@@ -55,6 +56,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 a.duration.as_secs_f64()
             );
             finish(session::run(&opts, target, None).await?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            profiler::cli::completions(shell, &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { dir } => {
+            for page in profiler::cli::man_pages(&dir)
+                .with_context(|| format!("cannot write the man pages into {}", dir.display()))?
+            {
+                println!("{}", page.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Host(h) => {

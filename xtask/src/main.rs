@@ -12,6 +12,8 @@
 //! - `cargo xtask soak [--minutes N]`: `slotprof run` under random faults; BENCHMARKS.md.
 //! - `cargo xtask validator [--test]`: a real Agave node to profile, or its tests.
 //! - `cargo xtask record-fixtures`: the replay fixtures of tests/fixtures/replay/ (root).
+//! - `cargo xtask completions` / `cargo xtask man`: build slotprof and write its shell
+//!   completions (target/dist/completions/) or man pages (target/dist/man/man1/).
 
 mod bench;
 mod benchmarks_md;
@@ -55,12 +57,13 @@ fn main() -> ExitCode {
         Some("record-fixtures") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| fixtures::run(&root())),
+        Some(what @ ("completions" | "man")) => setup::run(&root()).and_then(|_| dist(&root(), what)),
         Some("bench") => setup::run(&root())
             .and_then(|_| build(&root()))
             .and_then(|_| bench::run(&root(), &args[1..])),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|build|demo|test [--full] [FILTER]|test-vm [--kernel 6.1]... [--ci]|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]|record-fixtures>"
+                "usage: cargo xtask <setup|build|demo|test [--full] [FILTER]|test-vm [--kernel 6.1]... [--ci]|bench [--only SECTION] [--run-minutes N]|validator [--load N | --test]|fuzz [--seconds N] [TARGET...]|soak [--minutes N] [--seed S]|record-fixtures|completions|man>"
             );
             return ExitCode::from(2);
         }
@@ -99,6 +102,56 @@ pub fn run_env(root: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) 
     if !status.success() {
         bail!("`{program} {}` failed ({status})", args.join(" "));
     }
+    Ok(())
+}
+
+/// `cargo xtask completions` / `man`: slotprof built, then asked for its
+/// shell completions (bash, zsh, fish) or its man pages, under target/dist/.
+fn dist(root: &Path, what: &str) -> anyhow::Result<()> {
+    run(
+        root,
+        "cargo",
+        &["build", "--release", "--package", "profiler", "--bin", "slotprof"],
+    )?;
+    let slotprof = root.join("target/release/slotprof");
+    let out = root.join("target/dist");
+    if what == "man" {
+        let dir = out.join("man/man1");
+        run(
+            root,
+            &slotprof.display().to_string(),
+            &["man", &dir.display().to_string()],
+        )?;
+        eprintln!(
+            "xtask: man pages in {} (install: cp {}/*.1 /usr/local/share/man/man1/)",
+            dir.display(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    let dir = out.join("completions");
+    std::fs::create_dir_all(&dir)?;
+    for (shell, file) in [
+        ("bash", "slotprof"),
+        ("zsh", "_slotprof"),
+        ("fish", "slotprof.fish"),
+    ] {
+        let o = Command::new(&slotprof)
+            .args(["completions", shell])
+            .output()
+            .with_context(|| format!("cannot run {}", slotprof.display()))?;
+        if !o.status.success() {
+            bail!(
+                "slotprof completions {shell}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::fs::write(dir.join(file), &o.stdout)?;
+    }
+    eprintln!(
+        "xtask: completions in {} (bash: /usr/share/bash-completion/completions/slotprof; zsh: a directory of $fpath as _slotprof; fish: ~/.config/fish/completions/)",
+        dir.display()
+    );
     Ok(())
 }
 
