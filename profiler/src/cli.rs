@@ -153,6 +153,13 @@ pub struct ProfileArgs {
     /// to its wait hundreds of times a second). 0 copies every time.
     #[arg(long, default_value = crate::spec::DEFAULT_STACK_REPEAT, value_parser = parse_duration, value_name = "DURATION")]
     pub stack_repeat: Duration,
+    /// Off-CPU intervals: `folded` sums in the kernel the short waits an
+    /// idle thread repeats at the same place (exact time, one record per
+    /// 100 ms; threads the detectors read keep every interval); `exact`
+    /// sends every interval with its own stack (what folded is measured
+    /// against; it costs more).
+    #[arg(long, value_enum, default_value = "folded")]
+    pub offcpu: crate::spec::OffCpuMode,
     /// Directory for the outputs (created if missing).
     #[arg(short, long, default_value = "slotprof-out")]
     pub out: PathBuf,
@@ -363,6 +370,7 @@ impl ProfileArgs {
             frequency_hz: self.freq,
             min_offcpu: self.min_offcpu,
             stack_repeat: self.stack_repeat,
+            offcpu: self.offcpu,
             slot_source: self.slot_source.clone(),
             loop_symbol: self.detectors.loop_symbol.clone(),
             program_cache: self.detectors.program_cache,

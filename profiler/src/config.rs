@@ -37,6 +37,7 @@ struct SamplingSection {
     frequency_hz: u64,
     min_offcpu: String,
     stack_repeat: String,
+    offcpu: crate::spec::OffCpuMode,
 }
 
 impl Default for SamplingSection {
@@ -45,6 +46,7 @@ impl Default for SamplingSection {
             frequency_hz: 49,
             min_offcpu: "1ms".into(),
             stack_repeat: crate::spec::DEFAULT_STACK_REPEAT.into(),
+            offcpu: crate::spec::OffCpuMode::Folded,
         }
     }
 }
@@ -346,6 +348,7 @@ impl Config {
                 frequency_hz: f.sampling.frequency_hz,
                 min_offcpu: dur("sampling.min_offcpu", &f.sampling.min_offcpu)?,
                 stack_repeat: dur("sampling.stack_repeat", &f.sampling.stack_repeat)?,
+                offcpu: f.sampling.offcpu,
                 slot_source,
                 loop_symbol: f.detectors.loop_symbol.clone(),
                 program_cache: f.detectors.program_cache,

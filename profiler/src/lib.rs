@@ -13,7 +13,8 @@
 //! - [`export`]: what leaves: session files, the always-on export,
 //!   metrics, all taking slots through one trait;
 //! - [`drivers`]: the modes (`attach`/`record`, `run`, `host`), each a loop
-//!   that pumps events in and results out.
+//!   that pumps events in and results out, and the two that read what they
+//!   wrote (`explain`, `diff`).
 //!
 //! Beside them, the vocabulary every folder shares: [`records`] (the
 //! decoded record types), [`slots`] (slots and the timeline), [`topology`],
@@ -28,7 +29,6 @@ pub mod config;
 pub mod detectors;
 pub mod drivers;
 pub mod duration;
-pub mod explain;
 pub mod export;
 pub mod kernel;
 pub mod output;

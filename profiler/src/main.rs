@@ -129,15 +129,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff(d) => {
             println!(
                 "{}",
-                profiler::export::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
+                profiler::drivers::diff::run(&d.before, &d.after, d.offcpu, d.normalize, &d.out)?
             );
             Ok(ExitCode::SUCCESS)
         }
         Command::Explain(e) => {
             let outcomes = match (&e.outcomes, e.longer_than, e.blocks) {
-                (Some(f), _, _) => profiler::explain::Outcomes::read(f, e.threshold)?,
-                (None, Some(d), _) => profiler::explain::Outcomes::LongerThan(d.as_secs_f64() * 1e3),
-                (None, None, true) => profiler::explain::Outcomes::Blocks {
+                (Some(f), _, _) => profiler::drivers::explain::Outcomes::read(f, e.threshold)?,
+                (None, Some(d), _) => profiler::drivers::explain::Outcomes::LongerThan(d.as_secs_f64() * 1e3),
+                (None, None, true) => profiler::drivers::explain::Outcomes::Blocks {
                     cu_below: e.tx_below.is_none().then_some(e.cu_below),
                     tx_below: e.tx_below,
                 },
@@ -149,7 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             print!(
                 "{}",
-                profiler::explain::run(&e.dirs, &outcomes, e.out.as_deref())?
+                profiler::drivers::explain::run(&e.dirs, &outcomes, e.out.as_deref())?
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -28,13 +28,52 @@ pub struct Interval {
     pub woken_ns: u64,
     /// The task that had the CPU until the thread got it back.
     pub ran: Runner,
+    /// Not one interval but short waits the kernel folded (see
+    /// `profiler_ebpf::OffCpuFold`): the first one's start to the last
+    /// one's end, the thread running between them.
+    pub folded: Option<Folded>,
+}
+
+/// Waits folded into one [`Interval`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Folded {
+    pub intervals: u32,
+    /// Their off-CPU time together (at most the span).
+    pub offcpu_ns: u64,
+    /// Of it, runnable after their wakeups.
+    pub runnable_ns: u64,
 }
 
 impl Interval {
+    /// Its off-CPU time: the span, or the folded waits' time.
+    pub fn offcpu_ns(&self) -> u64 {
+        let span = self.end_ns.saturating_sub(self.start_ns);
+        self.folded.map_or(span, |f| f.offcpu_ns.min(span))
+    }
+
+    /// The off-CPU time of its part from `a` to `b` (within its span):
+    /// folded waits' time is spread evenly over their span.
+    pub fn offcpu_between(&self, a: u64, b: u64) -> u64 {
+        let (a, b) = (a.max(self.start_ns), b.min(self.end_ns));
+        if b <= a {
+            return 0;
+        }
+        match self.folded {
+            None => b - a,
+            Some(f) => {
+                let span = self.end_ns - self.start_ns;
+                ((b - a) as u128 * f.offcpu_ns.min(span) as u128 / span as u128) as u64
+            }
+        }
+    }
+
     /// How long it was runnable but not running: all of it when it was
     /// preempted, from its wakeup on when it blocked (0 if the wakeup was
     /// not seen).
     pub fn runnable_ns(&self) -> u64 {
+        if let Some(f) = self.folded {
+            return f.runnable_ns;
+        }
         if self.preempted {
             self.end_ns.saturating_sub(self.start_ns)
         } else if self.woken_ns != 0 {

@@ -15,6 +15,33 @@ use crate::{detectors::DetectorConfig, phase::probe::PhaseProbeConfig, slot_sour
 /// The default of `--stack-repeat` and `sampling.stack_repeat`.
 pub const DEFAULT_STACK_REPEAT: &str = "250ms";
 
+/// How off-CPU intervals reach userspace (`--offcpu`, `sampling.offcpu`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OffCpuMode {
+    /// Short waits an idle thread repeats at the same place (the same
+    /// wait call, from the stack of its last copy) are folded in the
+    /// kernel, their time summed exactly; threads a detector reads
+    /// (`--hot-thread`, the loop thread, the main thread) keep every
+    /// interval.
+    #[default]
+    Folded,
+    /// Every interval over `--min-offcpu`, one record and one stack each.
+    Exact,
+}
+
+impl OffCpuMode {
+    /// The kernel's folding bound: intervals shorter than this may fold.
+    pub fn fold_under(self) -> Duration {
+        match self {
+            OffCpuMode::Folded => Duration::from_nanos(profiler_ebpf::DEFAULT_FOLD_UNDER_NS),
+            OffCpuMode::Exact => Duration::ZERO,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ProfileSpec {
     /// On-CPU samples per second, per CPU.
@@ -23,6 +50,8 @@ pub struct ProfileSpec {
     pub min_offcpu: Duration,
     /// See [`crate::kernel::probes::ProbeConfig::stack_repeat`].
     pub stack_repeat: Duration,
+    /// Folded (the default) or exact.
+    pub offcpu: OffCpuMode,
     /// Where slot boundaries come from; `None`: one profile for the session.
     pub slot_source: Option<SlotSourceSpec>,
     /// The main loop's per-iteration function (`--loop-symbol`,

@@ -1,7 +1,7 @@
 //! The shape of the workspace's source, checked: no import circles between
 //! the top-level modules of profiler, symbolizer, flamegraphs and xtask (a
-//! module's `crate::NAME` uses, its tests left out), and no function over
-//! 150 lines outside tests.
+//! module's `crate::NAME` uses, its tests left out), no function over 150
+//! lines and no file over 800 lines outside tests.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -21,10 +21,11 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The file's text before its unit-test module.
 fn without_tests(text: &str) -> &str {
-    match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &text[..i],
-        None => text,
-    }
+    ["#[cfg(test)]\nmod tests", "#[cfg(test)]\npub(crate) mod tests"]
+        .iter()
+        .filter_map(|m| text.find(m))
+        .min()
+        .map_or(text, |i| &text[..i])
 }
 
 /// The top-level module a source file belongs to (`lib` for lib.rs and
@@ -197,16 +198,65 @@ fn long_functions(dir: &Path, limit: usize) -> Vec<(usize, String, String)> {
 fn no_function_over_150_lines_outside_tests() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut long = Vec::new();
-    for dir in [
-        "profiler/src",
-        "profiler-ebpf/src",
-        "symbolizer/src",
-        "flamegraphs/src",
-        "xtask/src",
-    ] {
+    for dir in CODE {
         long.extend(long_functions(&root.join(dir), 150));
     }
     assert!(long.is_empty(), "functions over 150 lines: {long:#?}");
+}
+
+/// The code the shape rules hold for: everything but the `tests` crate
+/// (stall programs and end-to-end tests) and the fuzz targets.
+const CODE: [&str; 5] = [
+    "profiler/src",
+    "profiler-ebpf/src",
+    "symbolizer/src",
+    "flamegraphs/src",
+    "xtask/src",
+];
+
+/// Rust files under `dir` longer than `limit` lines before their unit-test
+/// module: (lines, file).
+fn long_files(dir: &Path, limit: usize) -> Vec<(usize, String)> {
+    let mut files = Vec::new();
+    sources(dir, &mut files);
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let n = without_tests(&text).lines().count();
+            (n > limit).then(|| (n, f.display().to_string()))
+        })
+        .collect()
+}
+
+/// No file of the code over 800 lines outside its unit tests: a file that
+/// long holds more than one thing, and is split where its parts meet.
+#[test]
+fn no_file_over_800_lines_outside_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut long = Vec::new();
+    for dir in CODE {
+        long.extend(long_files(&root.join(dir), 800));
+    }
+    assert!(long.is_empty(), "files over 800 lines: {long:#?}");
+}
+
+#[test]
+fn a_planted_long_file_is_found_and_its_tests_do_not_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let code = "pub fn f() {}\n".repeat(801);
+    std::fs::write(dir.join("long.rs"), &code).unwrap();
+    let tests = "fn t() {}\n".repeat(2000);
+    std::fs::write(
+        dir.join("short.rs"),
+        format!("pub fn f() {{}}\n#[cfg(test)]\nmod tests {{\n{tests}}}\n"),
+    )
+    .unwrap();
+    let got = long_files(dir, 800);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, 801);
+    assert!(got[0].1.ends_with("long.rs"), "{got:?}");
 }
 
 #[test]

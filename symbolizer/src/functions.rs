@@ -306,6 +306,7 @@ mod tests {
         // The file offset holds the function's code.
         let data = std::fs::read(&me).unwrap();
         let here = slotprof_functions_test_target as *const u8;
+        // SAFETY: a function's first 8 bytes of code are mapped and readable.
         let code = unsafe { std::slice::from_raw_parts(here, 8) };
         assert_eq!(&data[c.file_offset as usize..c.file_offset as usize + 8], code);
     }

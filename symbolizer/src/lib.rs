@@ -9,6 +9,7 @@
 //! An address that cannot be named still gets a frame,
 //! `[unknown] module+0xoffset`: a stack is never shortened.
 
+mod cfi;
 pub mod frame_pointers;
 pub mod functions;
 pub mod maps;

@@ -1348,10 +1348,13 @@ fn program_cache_work_is_found_per_miss_slot_by_kind_and_none_on_the_fixed_twin(
                     panic!("{build}: no ProgramCache of the replay thread in slot {slot}: {found:?}")
                 });
             let mut calls = 0;
-            // The thread's own time of a call includes the entry trap and
-            // the return trampoline, which slotprof's does not: microseconds
-            // natively, up to ~0.9 ms a call under TCG (6.1's VM: evict and
-            // prune, 2 calls, 12.61 vs 14.26 ms).
+            // The thread's own time of a call is taken inside the function
+            // (its first statement to its last); slotprof's from the entry
+            // trap to the return trampoline: microseconds apart natively,
+            // under TCG up to ~0.9 ms a call (6.1's VM: evict and prune, 2
+            // calls, 12.61 vs 14.26 ms when it was taken around the call;
+            // around it, one 6.12 run took 6.8 ms more than the function,
+            // 15.11 vs 21.92 ms, twice in a row).
             for (kind, (n, logged_ms)) in &logged[slot] {
                 calls += n;
                 let got = f["magnitudes"][format!("{kind}_ms")].as_f64().unwrap_or(0.0);

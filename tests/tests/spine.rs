@@ -668,3 +668,179 @@ fn a_kernel_thread_target_is_said_to_have_no_user_space() {
         .any(|w| w.as_str().unwrap().contains("kernel thread")));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Per thread (the folded stack's root) and per stack: off-CPU time in
+/// the slots `numbers` of the session in `out`.
+fn offcpu_in_slots(
+    out: &std::path::Path,
+    numbers: &[u64],
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    std::collections::BTreeMap<String, u64>,
+) {
+    let (mut threads, mut stacks) = (
+        std::collections::BTreeMap::new(),
+        std::collections::BTreeMap::new(),
+    );
+    for n in numbers {
+        let f = out.join("slots").join(n.to_string()).join("offcpu.folded");
+        if !f.exists() {
+            continue;
+        }
+        for (stack, v) in read_folded(&f).iter() {
+            let thread = stack.split(';').next().unwrap_or("").to_string();
+            *threads.entry(thread).or_insert(0) += v;
+            *stacks.entry(stack.to_string()).or_insert(0) += v;
+        }
+    }
+    (threads, stacks)
+}
+
+/// The slot numbers a session wrote.
+fn slot_numbers(out: &std::path::Path) -> std::collections::BTreeSet<u64> {
+    std::fs::read_dir(out.join("slots"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `--offcpu folded` (the default) against `--offcpu exact` on the same
+/// run: two sessions on one process at once, their slots cut on one
+/// clock. Over the slots both covered whole (each session's first and
+/// last two left out), each thread's off-CPU time within 2% and every
+/// stack with 1% or more of its thread's time within 10% (folds are
+/// spread over their span, at most 100 ms: the window's two edges can
+/// move a little of a thread's time across them); and folding did
+/// happen: the idle workers' waits folded, none of the thread named hot
+/// or of the one whose naps are too long to fold.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask test`"]
+fn folded_off_cpu_time_matches_exact_on_the_same_run() {
+    let Some(_k) = kernel() else { return };
+    let dir = scratch("offcpu-modes");
+    let report = dir.join("report.json");
+    let mut target = Command::new(stall_program("stall-idle-pool"))
+        .args(["--seconds", "16", "--report", report.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let pid = target.id().to_string();
+    // Attached to a running program, as to a node: its threads are named
+    // (slotprof finds `--hot-thread napper` by name when it attaches, and
+    // again every 2 s).
+    let named = |name: &str| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+                })
+            })
+            .unwrap_or(false)
+    };
+    let t0 = Instant::now();
+    while !named("napper") && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // One clock for both sessions: the same slot numbers and boundaries.
+    let origin = (slotprof_tests::monotonic_ns() / 1_000_000_000 + 1) * 1_000_000_000;
+    let source = format!("clock=400ms,origin={origin}");
+    let session = |mode: &str| {
+        let out = dir.join(mode);
+        let child = Command::new(slotprof())
+            .args(["attach", "--pid", &pid, "--duration", "12s", "--offcpu", mode])
+            .args(["--hot-thread", "napper", "--slot-source", &source, "--out"])
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (out, child)
+    };
+    let (exact_out, exact) = session("exact");
+    let (folded_out, folded) = session("folded");
+    for (mode, child) in [("exact", exact), ("folded", folded)] {
+        let o = child.wait_with_output().unwrap();
+        eprintln!("{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "the {mode} session failed");
+    }
+    let _ = target.wait();
+    let both: Vec<u64> = slot_numbers(&exact_out)
+        .intersection(&slot_numbers(&folded_out))
+        .copied()
+        .collect();
+    assert!(both.len() > 10, "too few slots in both sessions: {both:?}");
+    let window = &both[2..both.len() - 2];
+    let (e_threads, e_stacks) = offcpu_in_slots(&exact_out, window);
+    let (f_threads, f_stacks) = offcpu_in_slots(&folded_out, window);
+    let test = "folded_off_cpu_time_matches_exact_on_the_same_run";
+    let mut bad = Vec::new();
+    for (thread, &e) in e_threads.iter().filter(|(_, &e)| e >= 200_000_000) {
+        let f = f_threads.get(thread).copied().unwrap_or(0);
+        let off = (f as f64 - e as f64).abs() / e as f64;
+        let measured = format!(
+            "{thread}: {:.1} ms folded, {:.1} ms exact ({:.2}%)",
+            f as f64 / 1e6,
+            e as f64 / 1e6,
+            off * 100.0
+        );
+        if !row(test, "thread off-CPU time", &measured, "2%", off <= 0.02) {
+            bad.push(measured);
+        }
+    }
+    for (stack, &e) in &e_stacks {
+        let thread = stack.split(';').next().unwrap_or("");
+        let of_thread = e_threads.get(thread).copied().unwrap_or(0);
+        if of_thread < 200_000_000 || (e as f64) < 0.01 * of_thread as f64 {
+            continue;
+        }
+        let f = f_stacks.get(stack).copied().unwrap_or(0);
+        let off = (f as f64 - e as f64).abs() / e as f64;
+        let measured = format!(
+            "{stack}: {:.1} ms folded, {:.1} ms exact ({:.1}%)",
+            f as f64 / 1e6,
+            e as f64 / 1e6,
+            off * 100.0
+        );
+        if !row(test, "stack off-CPU time", &measured, "10%", off <= 0.10) {
+            bad.push(measured);
+        }
+    }
+    assert!(bad.is_empty(), "folded differs from exact: {bad:#?}");
+    // Folding happened where it should, and only there.
+    let exact_summary = read_json(&exact_out.join("summary.json"));
+    let folded_summary = read_json(&folded_out.join("summary.json"));
+    assert_eq!(exact_summary["counts"]["offcpu_folded"], 0, "exact folds nothing");
+    let folded_waits = folded_summary["counts"]["offcpu_folded"].as_u64().unwrap();
+    let intervals = folded_summary["counts"]["offcpu_intervals"].as_u64().unwrap();
+    assert!(
+        row(
+            test,
+            "waits folded",
+            &format!("{folded_waits} of {intervals}"),
+            ">= 1/2",
+            2 * folded_waits >= intervals
+        ),
+        "{}",
+        folded_summary["counts"]
+    );
+    let trace = read_json(&folded_out.join("trace.json"));
+    let mut folded_threads = std::collections::BTreeSet::new();
+    for e in trace["traceEvents"].as_array().unwrap() {
+        if e["name"] == "off-CPU (short waits, folded)" {
+            folded_threads.insert(e["args"]["thread_name"].as_str().unwrap_or("").to_string());
+        }
+    }
+    assert!(
+        (0..4).all(|i| folded_threads.contains(&format!("idle-{i}"))),
+        "every idle worker folds: {folded_threads:?}"
+    );
+    for never in ["napper", "long-napper"] {
+        assert!(
+            !folded_threads.contains(never),
+            "{never} folded: {folded_threads:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -223,7 +223,25 @@ extern "C" {
 /// with `slotprof attach` and leaves the outputs in ./slotprof-demo/.
 fn demo(root: &Path) -> anyhow::Result<()> {
     setup::run(root)?;
-    build(root)?;
+    // Only what it runs: slotprof and one stall program (the tests' whole
+    // build, with its second no-frame-pointer copy and the C programs,
+    // doubled the demo's time on a fresh machine).
+    run(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "--package",
+            "profiler",
+            "--package",
+            "slotprof-tests",
+            "--bin",
+            "slotprof",
+            "--bin",
+            "stall-spin-sleep",
+        ],
+    )?;
     let bin = root.join("target/release");
     let out = root.join("slotprof-demo");
     let mut workload = Command::new(bin.join("stall-spin-sleep"))

@@ -101,10 +101,12 @@ pub fn binary(root: &Path) -> anyhow::Result<PathBuf> {
 pub(crate) fn tempfile_in(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
     let template = dir.join(format!(".{prefix}.XXXXXX"));
     let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())?.into_bytes_with_nul();
+    // SAFETY: mkstemp rewrites the NUL-terminated template in place.
     let fd = unsafe { libc::mkstemp(bytes.as_mut_ptr().cast()) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()).context("mkstemp");
     }
+    // SAFETY: the descriptor is ours and not used after this.
     unsafe { libc::close(fd) };
     bytes.pop();
     Ok(PathBuf::from(String::from_utf8(bytes)?))

@@ -13,7 +13,7 @@ mod user_stack;
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use profiler_ebpf::{
     counter, FutexTotals, MadviseStart, OffCpuStart, TracepointOffsets, FUTEX_ADDR_ENTRIES,
@@ -47,6 +47,10 @@ static MIN_FUTEX_NS: u64 = 1_000_000;
 /// copy, not copied again; 0: every exit is copied.
 #[no_mangle]
 static USER_STACK_REPEAT_NS: u64 = 0;
+/// Off-CPU intervals shorter than this may be folded (see
+/// `profiler_ebpf::OffCpuFold`); 0: none are.
+#[no_mangle]
+static OFFCPU_FOLD_UNDER_NS: u64 = 0;
 
 #[inline(always)]
 fn target_tgid() -> u32 {
@@ -61,6 +65,11 @@ fn min_offcpu_ns() -> u64 {
 #[inline(always)]
 fn user_stack_repeat_ns() -> u64 {
     unsafe { core::ptr::read_volatile(&USER_STACK_REPEAT_NS) }
+}
+
+#[inline(always)]
+fn fold_under_ns() -> u64 {
+    unsafe { core::ptr::read_volatile(&OFFCPU_FOLD_UNDER_NS) }
 }
 
 #[inline(always)]
@@ -211,6 +220,13 @@ fn clear_exit_hint(tid: u32) {
         }
     }
 }
+
+/// Threads whose every off-CPU interval is reported, never folded: the
+/// ones a detector reads interval by interval. Userspace writes the main
+/// thread, the loop thread and the hot threads it knows by name; the loop
+/// uprobe adds its own thread. A full map leaves a thread folding.
+#[map]
+static EXACT_TIDS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Target threads inside a memory stall (reclaim, compaction), by tid.
 #[map]

@@ -16,17 +16,18 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{
     counter, is_wait_syscall, ran_flags, sleeps_interruptible, stack_for, waker, CpuRuns, EventKind,
-    IrqNesting, KernelStackHeader, KernelStackRecord, LastWaker, OffCpuInterval, OffCpuStart, COMM_LEN,
-    CPU_RUNS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH,
-    TIMER_SOFTIRQS, USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
-    USER_STACK_WAKER_SAMPLED_OUT, WAKER_COPY_EVERY_NS,
+    IrqNesting, KernelStackHeader, KernelStackRecord, LastWaker, OffCpuFold, OffCpuInterval, OffCpuStart,
+    COMM_LEN, CPU_RUNS, FOLD_SPAN_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE,
+    KERNEL_STACK_SYSCALL_WAIT, MAX_STACK_DEPTH, TIMER_SOFTIRQS, USER_STACK_AT_EXIT_COPY,
+    USER_STACK_AT_SWITCH_OUT, USER_STACK_NEXT, USER_STACK_WAKER_COPY, USER_STACK_WAKER_SAMPLED_OUT,
+    WAKER_COPY_EVERY_NS,
 };
 
 use super::{
-    count, count_lost_stacks, hint_exit_work, hint_target_tid, is_target, maybe_offcpu_target, min_futex_ns,
-    min_offcpu_ns, offsets, stack_id, submit_flags,
-    user_stack::{send_user_stack, user_regs_now, user_regs_of},
-    BPF_F_USER_STACK, EVENTS, OFFCPU_START, TP_OFFSETS,
+    count, count_lost_stacks, fold_under_ns, hint_exit_work, hint_target_tid, is_target, maybe_offcpu_target,
+    min_futex_ns, min_offcpu_ns, offsets, stack_id, submit_flags,
+    user_stack::{send_user_stack, user_regs_now, user_regs_of, UserRegsNow},
+    user_stack_repeat_ns, BPF_F_USER_STACK, EVENTS, EXACT_TIDS, OFFCPU_START, TP_OFFSETS,
 };
 
 /// A sleep must have lasted this long at its wakeup for the waker's stacks
@@ -58,7 +59,7 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     track_runner(prev, now);
     if is_target(tgid) {
-        switch_out(&ctx, pid_tgid as u32, tgid, now);
+        switch_out(&ctx, prev, pid_tgid as u32, tgid, now);
     }
     let next: *mut task_struct = ctx.arg(2);
 
@@ -95,8 +96,130 @@ pub fn slotprof_switch(ctx: BtfTracePointContext) -> u32 {
     if now.saturating_sub(start.start_ns) < min_offcpu_ns() {
         return 0;
     }
-    switch_in_reported(next, p, tid, &start, now);
+    // A blocked thread's registers, read once: its stack pointer for the
+    // copy at the system call's exit, its call for the kernel stack, and
+    // whether the wait folds.
+    let regs = if start.user_sp == 0
+        && (start.user_stack_id == USER_STACK_NEXT || start.kernel_stack_id == KERNEL_STACK_AT_SWITCH_IN)
+    {
+        user_regs_of(next)
+    } else {
+        None
+    };
+    if fold_interval(next, p, tid, &start, now, &regs) {
+        return 0;
+    }
+    // What the thread folded before goes out before this interval.
+    flush_fold(p, tid, start.tgid, next);
+    switch_in_reported(next, p, tid, &start, now, regs);
     0
+}
+
+/// Folds a short wait of `tid` into its entry instead of reporting it
+/// (see [`OffCpuFold`]): an interruptible sleep in a wait system call,
+/// shorter than the folding bound, at the registers of the thread's last
+/// stack copy at a system call exit within the repeat period (the exit
+/// would send a repeat of that copy), of a thread not in `EXACT_TIDS`.
+/// Folded waits of another call or place, or past [`FOLD_SPAN_NS`], go
+/// out first. Returns whether this one was folded.
+#[inline(always)]
+fn fold_interval(
+    next: *mut task_struct,
+    p: *mut OffCpuStart,
+    tid: u32,
+    start: &OffCpuStart,
+    now: u64,
+    regs: &Option<UserRegsNow>,
+) -> bool {
+    let under = fold_under_ns();
+    let d = now.saturating_sub(start.start_ns);
+    if under == 0 || d >= under || !sleeps_interruptible(start.state) {
+        return false;
+    }
+    let Some(r) = regs else {
+        return false;
+    };
+    if !r.in_syscall || !is_wait_syscall(r.syscall_nr) {
+        return false;
+    }
+    let (ip, sp, bp, at) = unsafe { ((*p).copy_ip, (*p).copy_sp, (*p).copy_bp, (*p).copy_ns) };
+    let period = user_stack_repeat_ns();
+    if at == 0 || period == 0 || now.wrapping_sub(at) >= period || r.ip != ip || r.sp != sp || r.bp != bp {
+        return false;
+    }
+    if EXACT_TIDS.get_ptr(&tid).is_some() {
+        return false;
+    }
+    unsafe {
+        let f = core::ptr::addr_of_mut!((*p).fold);
+        if (*f).intervals != 0
+            && ((*f).syscall_nr != r.syscall_nr
+                || (*f).ip != ip
+                || (*f).sp != sp
+                || (*f).bp != bp
+                || (*f).state != start.state
+                || now.saturating_sub((*f).first_start_ns) >= FOLD_SPAN_NS)
+        {
+            flush_fold(p, tid, start.tgid, next);
+        }
+        if (*f).intervals == 0 {
+            (*f).first_start_ns = start.start_ns;
+            (*f).offcpu_ns = 0;
+            (*f).runnable_ns = 0;
+            (*f).ip = ip;
+            (*f).sp = sp;
+            (*f).bp = bp;
+            (*f).syscall_nr = r.syscall_nr;
+            (*f).state = start.state;
+        }
+        (*f).intervals += 1;
+        (*f).offcpu_ns += d;
+        (*f).last_end_ns = now;
+        if start.woken_ns > start.start_ns && start.woken_ns < now {
+            (*f).runnable_ns += now - start.woken_ns;
+        }
+    }
+    count(counter::OFFCPU_FOLDED);
+    true
+}
+
+/// Sends `tid`'s folded waits, if it has any, as one [`OffCpuFold`]
+/// (`task`: the thread, for its name), and empties its fold.
+#[inline(always)]
+fn flush_fold(p: *mut OffCpuStart, tid: u32, tgid: u32, task: *mut task_struct) {
+    let f = unsafe { core::ptr::addr_of_mut!((*p).fold) };
+    if unsafe { (*f).intervals } == 0 {
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<OffCpuFold>(0) else {
+        // Not lost from the totals: the fold stays, for the next try or
+        // for userspace to read from the entry.
+        count(counter::RING_FULL);
+        return;
+    };
+    let e: *mut OffCpuFold = entry.as_mut_ptr();
+    let off = offsets();
+    unsafe {
+        (*e).kind = EventKind::OffCpuFold as u32;
+        (*e).cpu = bpf_get_smp_processor_id();
+        (*e).first_start_ns = (*f).first_start_ns;
+        (*e).last_end_ns = (*f).last_end_ns;
+        (*e).tgid = tgid;
+        (*e).tid = tid;
+        (*e).offcpu_ns = (*f).offcpu_ns;
+        (*e).runnable_ns = (*f).runnable_ns;
+        (*e).intervals = (*f).intervals;
+        (*e).kernel_stack_id = KERNEL_STACK_SYSCALL_WAIT - (*f).syscall_nr;
+        (*e).user_stack_id = USER_STACK_AT_EXIT_COPY;
+        (*e).state = (*f).state;
+        (*e).ip = (*f).ip;
+        (*e).sp = (*f).sp;
+        (*e).bp = (*f).bp;
+        read_comm(task, off.task_comm, &mut (*e).comm);
+        (*f).intervals = 0;
+    }
+    entry.submit(submit_flags());
+    count(counter::OFFCPU_FOLDS);
 }
 
 /// Logs in this CPU's [`CpuRuns`] that `prev` ran from the last switch to
@@ -179,7 +302,7 @@ unsafe fn read_comm(task: *const task_struct, at: u32, out: &mut [u8; COMM_LEN])
 /// and how. `prev_state` 0 (runnable: preempted, or yielded) is reported
 /// as state 0; blocked states as the kernel's `prev_state`.
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
+fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, tid: u32, tgid: u32, now: u64) {
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let state = if preempt & 0xff != 0 { 0 } else { prev_state as u32 };
@@ -214,6 +337,12 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
         // place, field by field (its deferred stack and last waker stay
         // for the system call exit that reads them).
         Some(p) => unsafe {
+            // Folded waits go out once the first is a span old (a thread
+            // that stops folding sends its last ones at its next
+            // reported interval, or userspace reads them from here).
+            if (*p).fold.intervals != 0 && now.saturating_sub((*p).fold.first_start_ns) >= FOLD_SPAN_NS {
+                flush_fold(p, tid, tgid, prev);
+            }
             (*p).user_ip = user_ip;
             (*p).user_sp = user_sp;
             (*p).user_bp = user_bp;
@@ -253,18 +382,16 @@ fn switch_out(ctx: &BtfTracePointContext, tid: u32, tgid: u32, now: u64) {
 /// taken from the sleeping task `next` (not running yet), then the
 /// interval goes out.
 #[inline(always)]
-fn switch_in_reported(next: *mut task_struct, p: *mut OffCpuStart, tid: u32, start: &OffCpuStart, now: u64) {
+fn switch_in_reported(
+    next: *mut task_struct,
+    p: *mut OffCpuStart,
+    tid: u32,
+    start: &OffCpuStart,
+    now: u64,
+    regs: Option<UserRegsNow>,
+) {
     let mut user_stack_id = start.user_stack_id;
     let mut kernel_stack_id = start.kernel_stack_id;
-    // A blocked thread's registers, read once: its stack pointer for the
-    // copy at the system call's exit, its call for the kernel stack.
-    let regs = if start.user_sp == 0
-        && (user_stack_id == USER_STACK_NEXT || kernel_stack_id == KERNEL_STACK_AT_SWITCH_IN)
-    {
-        user_regs_of(next)
-    } else {
-        None
-    };
     if user_stack_id == USER_STACK_NEXT {
         // Its stack is copied at its system call's exit, where its stack
         // pointer must still be the one saved when it entered the kernel.

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use profiler_ebpf::{counter, EventKind, LoopMark, SlotMark};
 
-use super::{count, is_target, submit_flags, EVENTS, PAGE_FAULTS};
+use super::{count, is_target, submit_flags, EVENTS, EXACT_TIDS, PAGE_FAULTS};
 
 #[uprobe]
 pub fn slotprof_slot(ctx: ProbeContext) -> u32 {
@@ -43,6 +43,12 @@ pub fn slotprof_loop(_ctx: ProbeContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
         return 0;
+    }
+    // The gap detector reads this thread's off-CPU intervals one by one:
+    // none of them is folded.
+    let tid = pid_tgid as u32;
+    if EXACT_TIDS.get_ptr(&tid).is_none() {
+        let _ = EXACT_TIDS.insert(&tid, &1, 0);
     }
     let Some(mut entry) = EVENTS.reserve::<LoopMark>(0) else {
         count(counter::RING_FULL);

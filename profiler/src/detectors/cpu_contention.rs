@@ -272,6 +272,7 @@ mod tests {
             preempted,
             woken_ns: woken,
             ran,
+            folded: None,
         }
     }
 

@@ -358,6 +358,7 @@ mod tests {
                 preempted: false,
                 woken_ns: 0,
                 ran: Default::default(),
+                folded: None,
             },
             Interval {
                 start_ns: 41 * MS,
@@ -366,6 +367,7 @@ mod tests {
                 preempted: false,
                 woken_ns: 0,
                 ran: Default::default(),
+                folded: None,
             },
         ];
         let samples: Vec<_> = (0..20)
@@ -447,6 +449,7 @@ mod tests {
             preempted: false,
             woken_ns: MS + MS / 2,
             ran: Default::default(),
+            folded: None,
         }];
         let inp = inputs(&[], &intervals, &[], &marks, &names);
         let mut n = namer(HashMap::from([(102, vec!["do_nanosleep", "schedule"])]));
@@ -466,6 +469,7 @@ mod tests {
                 preempted: false,
                 woken_ns: 0,
                 ran: Default::default(),
+                folded: None,
             },
             Interval {
                 start_ns: 10 * MS,
@@ -474,6 +478,7 @@ mod tests {
                 preempted: true,
                 woken_ns: 0,
                 ran: Default::default(),
+                folded: None,
             },
         ];
         let inp = inputs(&[], &intervals, &[], &[], &names);
@@ -558,6 +563,7 @@ mod tests {
             preempted: false,
             woken_ns: 0,
             ran: Default::default(),
+            folded: None,
         }
     }
 

@@ -180,7 +180,7 @@ pub fn detect(
         let (Some(part), Some((slot, bucket))) = (part, buckets.of(i.start_ns)) else {
             continue;
         };
-        let ns = i.end_ns.saturating_sub(i.start_ns);
+        let ns = i.offcpu_ns();
         let a = acc.entry((bucket, i.key.tid)).or_default();
         a.add(slot, i.start_ns, part, ns);
         if ns > a.longest_ns {
@@ -272,6 +272,7 @@ mod tests {
             preempted: false,
             woken_ns: 0,
             ran: Default::default(),
+            folded: None,
         }
     }
 

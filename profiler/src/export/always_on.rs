@@ -797,11 +797,6 @@ fn append_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-fn empty_profiles() -> Profiles {
-    Profiles::default()
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -898,7 +893,7 @@ mod ledger_tests {
         let mut e = Exporter::open(&config.export_policy()).unwrap();
         let meta = plain_meta();
         for n in 0..40u64 {
-            let mut p = empty_profiles();
+            let mut p = Profiles::default();
             for k in 0..200 {
                 p.oncpu
                     .add(["main", &format!("f{k}"), &format!("g{}", k + n % 3)], 1 + k);
@@ -1012,7 +1007,7 @@ mod ledger_tests {
         let (mut e, meta) = exporter_in(dir.path(), "findings");
         // Three leader windows (0, 4, 8); a finding only in slot 5.
         for n in 0..12u64 {
-            let mut p = empty_profiles();
+            let mut p = Profiles::default();
             p.oncpu.add(["main", "f"], 1);
             let slot = Slot {
                 number: n,
@@ -1070,7 +1065,7 @@ mod ledger_tests {
             window: None,
             aligned: true,
         };
-        let mut p = empty_profiles();
+        let mut p = Profiles::default();
         p.oncpu.add(["main", "f"], 1);
         // `slots/` replaced by a file: every write into it fails (as on a
         // full disk or without descriptors), and nothing is left behind.

@@ -2,8 +2,8 @@
 //! SVG, pprof, summary.json; [`slot_export`]: per-slot and per-window
 //! directories, trace.json, index.html), the always-on export directory
 //! with its hourly profiles and retention ([`always_on`]), the Prometheus
-//! endpoint ([`metrics`]), pushing to a profiling backend ([`push`]:
-//! Pyroscope, OTLP) and `slotprof diff` ([`diff`]).
+//! endpoint ([`metrics`]) and pushing to a profiling backend ([`push`]:
+//! Pyroscope, OTLP).
 //!
 //! Every exporter of slots takes them the same way, through
 //! [`SlotExport`]: a session's slot directories ([`slot_export::SlotWriter`]),
@@ -15,7 +15,6 @@
 //! a slot (`pipeline`).
 
 pub mod always_on;
-pub mod diff;
 pub mod metrics;
 pub mod push;
 pub mod report;

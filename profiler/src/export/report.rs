@@ -212,8 +212,13 @@ pub struct ExecSummary {
 #[derive(Debug, Default, Serialize)]
 pub struct EventCounts {
     pub oncpu_samples: u64,
+    /// Off-CPU intervals (the folded ones included) and their time.
     pub offcpu_intervals: u64,
     pub offcpu_ns: u64,
+    /// Of `offcpu_intervals`, short waits the kernel folded (`--offcpu
+    /// folded`), and the records they came in.
+    pub offcpu_folded: u64,
+    pub offcpu_folds: u64,
     pub oncpu_stacks: usize,
     pub offcpu_stacks: usize,
     /// Bytes of off-CPU intervals kept in slotprof's unnamed temporary
@@ -297,6 +302,10 @@ pub struct Unwinding {
     /// System call exits not copied: the thread was back at its last exit
     /// copy's registers within `--stack-repeat` (the copy's stack is used).
     pub kernel_exit_repeats: u64,
+    /// Short off-CPU waits the kernel folded, and the records they went
+    /// out in (`--offcpu folded`).
+    pub kernel_offcpu_folded: u64,
+    pub kernel_offcpu_folds: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -347,6 +356,8 @@ impl Unwinding {
             kernel_copies_skipped_ring_busy: c.user_stack_ring_busy,
             kernel_copies_nested: c.user_stack_nested,
             kernel_exit_repeats: c.user_stack_repeats,
+            kernel_offcpu_folded: c.offcpu_folded,
+            kernel_offcpu_folds: c.offcpu_folds,
         }
     }
 

@@ -320,16 +320,23 @@ pub fn write_trace(
         if written.is_err() {
             return;
         }
-        let name = if i.preempted {
-            "off-CPU (waiting for a CPU)"
-        } else {
-            "off-CPU (blocked)"
+        let name = match (i.folded, i.preempted) {
+            // The thread ran between these waits: the slice is their
+            // span, its args their count and time.
+            (Some(_), _) => "off-CPU (short waits, folded)",
+            (None, true) => "off-CPU (waiting for a CPU)",
+            (None, false) => "off-CPU (blocked)",
         };
         let dur = us(i.end_ns.saturating_sub(i.start_ns));
+        let mut a = args(i.start_ns, &i.key);
+        if let Some(f) = i.folded {
+            a["waits"] = json!(f.intervals);
+            a["offcpu_ms"] = json!(f.offcpu_ns as f64 / 1e6);
+        }
         written = event(
             w,
             json!({"ph": "X", "name": name, "cat": "offcpu", "pid": pid, "tid": i.key.tid,
-            "ts": us(i.start_ns), "dur": dur, "args": args(i.start_ns, &i.key)}),
+            "ts": us(i.start_ns), "dur": dur, "args": a}),
         );
     })?;
     written?;

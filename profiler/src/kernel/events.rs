@@ -1,8 +1,8 @@
 //! Decoding ring-buffer records.
 
 use profiler_ebpf::{
-    CacheWork, CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, MemStall, OffCpuInterval,
-    SlotMark, UserRegs,
+    CacheWork, CpuSample, EventKind, FutexWait, HostEvent, LoopMark, MadviseCall, MemStall, OffCpuFold,
+    OffCpuInterval, SlotMark, UserRegs,
 };
 
 /// One record from the kernel.
@@ -10,6 +10,8 @@ use profiler_ebpf::{
 pub enum Event {
     Sample(CpuSample),
     OffCpu(OffCpuInterval),
+    /// Short waits of one thread folded in the kernel.
+    OffCpuFold(OffCpuFold),
     SlotMark(SlotMark),
     Madvise(MadviseCall),
     MemStall(MemStall),
@@ -27,6 +29,7 @@ impl Event {
         match self {
             Event::Sample(s) => record_bytes(s),
             Event::OffCpu(o) => record_bytes(o),
+            Event::OffCpuFold(f) => record_bytes(f),
             Event::SlotMark(m) => record_bytes(m),
             Event::Madvise(m) => record_bytes(m),
             Event::MemStall(m) => record_bytes(m),
@@ -44,6 +47,7 @@ impl Event {
         match self {
             Event::Sample(s) => vec![s.user_stack_id, s.kernel_stack_id],
             Event::OffCpu(o) => vec![o.user_stack_id, o.kernel_stack_id],
+            Event::OffCpuFold(f) => vec![f.user_stack_id, f.kernel_stack_id],
             Event::Madvise(m) => vec![m.user_stack_id],
             Event::FutexWait(f) => vec![f.user_stack_id, f.waker_user_stack_id],
             Event::Host(h) => vec![h.kernel_stack_id],
@@ -64,6 +68,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         read::<CpuSample>(bytes).map(Event::Sample)
     } else if kind == EventKind::OffCpu as u32 {
         read::<OffCpuInterval>(bytes).map(Event::OffCpu)
+    } else if kind == EventKind::OffCpuFold as u32 {
+        read::<OffCpuFold>(bytes).map(Event::OffCpuFold)
     } else if kind == EventKind::SlotMark as u32 {
         read::<SlotMark>(bytes).map(Event::SlotMark)
     } else if kind == EventKind::Madvise as u32 {
@@ -153,6 +159,12 @@ mod tests {
         assert_eq!(size_of::<FutexWait>(), 112);
         assert_eq!(size_of::<LoopMark>(), 32);
         assert_eq!(size_of::<UserRegs>(), 4 + 4 + 8 + 4 + 4 + 21 * 8);
+        assert_eq!(
+            size_of::<OffCpuFold>(),
+            4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 16
+        );
+        assert_eq!(size_of::<profiler_ebpf::FoldState>(), 7 * 8 + 4 * 4);
+        // SAFETY: a plain-data record (integers and byte arrays): all zeros is a valid value.
         let mut s: CpuSample = unsafe { std::mem::zeroed() };
         (s.kind, s.ts_ns, s.tid) = (EventKind::CpuSample as u32, 77, 5);
         match decode(&Event::Sample(s).to_bytes()) {

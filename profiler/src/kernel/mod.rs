@@ -1,9 +1,11 @@
 //! Everything that touches the kernel or the target process: loading and
-//! attaching the probes ([`probes`], [`attach`], [`btf`], [`tracefs`]),
+//! attaching the probes ([`probes`]; [`hooks`]: each program to its event;
+//! [`attach`]: a target's whole set; [`btf`], [`tracefs`]),
 //! the event stream ([`ring_reader`]: the ring buffer drained off the event
 //! loop; [`events`]: its records decoded; [`stream`]: both, through the
-//! user-stack unwinder, into a driver's sink), stack maps and user stacks
-//! unwound from the copies the probes take ([`user_stacks`]), the target's
+//! user-stack unwinder, into a driver's sink), stack maps ([`stack_cache`])
+//! and user stacks unwound from the copies the probes take
+//! ([`user_stacks`]), the target's
 //! threads and code ([`target`]; [`cache_functions`]: where a
 //! validator's program-cache functions are, for their uprobes), syscall
 //! names ([`syscalls`]), the kernel's pressure-stall counters ([`psi`]) and
@@ -16,10 +18,12 @@ pub mod attach;
 pub mod btf;
 pub mod cache_functions;
 pub mod events;
+pub mod hooks;
 pub mod privileges;
 pub mod probes;
 pub mod psi;
 pub mod ring_reader;
+pub mod stack_cache;
 pub mod stream;
 pub mod syscalls;
 pub mod target;

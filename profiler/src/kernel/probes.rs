@@ -4,30 +4,30 @@
 //! Everything attached here is owned by [`Probes`]: dropping it detaches
 //! every link and unloads every program, on any exit path.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, time::Duration};
 
 use anyhow::{bail, Context};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        BtfTracePoint, PerfEvent, TracePoint, UProbe,
-    },
-    util::online_cpus,
     Ebpf, EbpfLoader, Pod,
 };
 use profiler_ebpf::{
     counter,
     names::{global, map, program},
-    split_stack_id, FutexTotals, OffCpuStart, TracepointOffsets, STACK_EPOCH_MASK, STACK_MAP_ENTRIES,
+    split_stack_id, FoldState, FutexTotals, OffCpuStart, TracepointOffsets, STACK_EPOCH_MASK,
+    STACK_MAP_ENTRIES,
 };
 use serde::Serialize;
 
-use crate::kernel::{ring_reader::RingReader, tracefs};
+pub use crate::kernel::stack_cache::StackCache;
+use crate::kernel::{
+    hooks::{
+        attach_all, attach_btf_tracepoint, attach_cache_uprobes, attach_cpu_clock, attach_tracepoint,
+        attach_uprobe, kernel_btf,
+    },
+    ring_reader::RingReader,
+    tracefs,
+};
 
 /// Stacks by id, read from the kernel's stack map before it goes away.
 pub type StackTable = HashMap<i32, Vec<u64>>;
@@ -48,6 +48,14 @@ pub struct ProbeConfig {
     pub stack_repeat: Duration,
     /// cpu-clock sampling frequency per CPU.
     pub freq_hz: u64,
+    /// Short off-CPU intervals of threads no detector reads one by one
+    /// are folded in the kernel when shorter than this
+    /// (`profiler_ebpf::OffCpuFold`); zero folds none (`--offcpu exact`).
+    pub fold_under: Duration,
+    /// The threads known to fold nothing (see
+    /// [`Probes::add_exact_threads`]), given before the first program is
+    /// attached: none of their waits folds meanwhile.
+    pub exact_tids: std::collections::BTreeSet<u32>,
     /// Have the kernel time every program run (BPF_ENABLE_STATS, for as
     /// long as the probes are loaded; it adds two clock reads per run).
     pub probe_stats: bool,
@@ -112,6 +120,10 @@ pub struct Counters {
     pub user_stack_nested: u64,
     /// System call exits sent as a repeat of the thread's last copy.
     pub user_stack_repeats: u64,
+    /// Short off-CPU intervals folded in the kernel, and the records
+    /// they went out in.
+    pub offcpu_folded: u64,
+    pub offcpu_folds: u64,
 }
 
 impl Counters {
@@ -165,8 +177,12 @@ impl Probes {
     /// any probe at all is an error. The event ring's reader is started
     /// before the first probe is attached (see [`open_with_reader`]).
     pub fn load(config: &ProbeConfig) -> anyhow::Result<(Self, RingReader)> {
-        let (mut ebpf, reader) =
-            open_with_reader(open(config.tgid, config.min_offcpu, config.stack_repeat, true)?)?;
+        let (mut ebpf, reader) = open_with_reader(open(
+            config.tgid,
+            (config.min_offcpu, config.stack_repeat, config.fold_under),
+            true,
+        )?)?;
+        add_exact(&mut ebpf, &config.exact_tids);
 
         let btf = kernel_btf();
         let mut status = vec![
@@ -280,7 +296,8 @@ impl Probes {
     /// (`slotprof host`, system-wide): KVM invalidations, compaction and
     /// page migration.
     pub fn load_host(probe_stats: bool) -> anyhow::Result<(Self, RingReader)> {
-        let (mut ebpf, reader) = open_with_reader(open(0, Duration::ZERO, Duration::ZERO, false)?)?;
+        let (mut ebpf, reader) =
+            open_with_reader(open(0, (Duration::ZERO, Duration::ZERO, Duration::ZERO), false)?)?;
         let status = HOST_PROBES
             .iter()
             .map(|(program, category, name)| attach_tracepoint(&mut ebpf, program, &[(category, name)]))
@@ -358,6 +375,8 @@ impl Probes {
             user_stack_ring_busy: read(counter::USER_STACK_RING_BUSY)?,
             user_stack_nested: read(counter::USER_STACK_NESTED)?,
             user_stack_repeats: read(counter::USER_STACK_REPEATS)?,
+            offcpu_folded: read(counter::OFFCPU_FOLDED)?,
+            offcpu_folds: read(counter::OFFCPU_FOLDS)?,
         })
     }
 
@@ -445,6 +464,31 @@ impl Probes {
             .collect()
     }
 
+    /// Adds `tids` to the threads whose every off-CPU interval is
+    /// reported (never folded): the ones a detector reads interval by
+    /// interval (the loop uprobe adds its own thread). Returns the tids
+    /// the map had no room for (they fold).
+    pub fn add_exact_threads(&mut self, tids: &std::collections::BTreeSet<u32>) -> Vec<u32> {
+        add_exact(&mut self.ebpf, tids)
+    }
+
+    /// Every thread's folded waits not sent yet (see
+    /// `profiler_ebpf::FoldState`): (tid, tgid, the fold).
+    pub fn pending_folds(&self) -> Vec<(u32, u32, FoldState)> {
+        let Some(map) = self.ebpf.map(map::OFFCPU_START) else {
+            return Vec::new();
+        };
+        let Ok(starts) = BpfHashMap::<_, u32, Start>::try_from(map) else {
+            return Vec::new();
+        };
+        starts
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, s)| s.0.fold.intervals != 0)
+            .map(|(tid, s)| (tid, s.0.tgid, s.0.fold))
+            .collect()
+    }
+
     /// Threads that are off-CPU right now, with where they went off.
     pub fn in_flight_offcpu(&self) -> Vec<(u32, OffCpuStart)> {
         let Some(map) = self.ebpf.map(map::OFFCPU_START) else {
@@ -460,6 +504,21 @@ impl Probes {
             .map(|(tid, s)| (tid, s.0))
             .collect()
     }
+}
+
+/// Adds `tids` to the object's `EXACT_TIDS`; returns those it had no
+/// room for.
+fn add_exact(ebpf: &mut Ebpf, tids: &std::collections::BTreeSet<u32>) -> Vec<u32> {
+    let Some(map) = ebpf.map_mut(map::EXACT_TIDS) else {
+        return tids.iter().copied().collect();
+    };
+    let Ok(mut map) = BpfHashMap::<_, u32, u32>::try_from(map) else {
+        return tids.iter().copied().collect();
+    };
+    tids.iter()
+        .filter(|&&t| map.insert(t, 1, 0).is_err())
+        .copied()
+        .collect()
 }
 
 /// `slotprof host`'s programs and their tracepoints.
@@ -500,16 +559,15 @@ fn open_with_reader(mut ebpf: Ebpf) -> anyhow::Result<(Ebpf, RingReader)> {
 }
 
 /// Mounts tracefs if needed and loads the object with its settings.
-fn open(
-    tgid: u32,
-    min_offcpu: Duration,
-    stack_repeat: Duration,
-    rotating_stacks: bool,
-) -> anyhow::Result<Ebpf> {
+/// `durations`: (the shortest off-CPU interval reported, the stack repeat
+/// period, the folding bound).
+fn open(tgid: u32, durations: (Duration, Duration, Duration), rotating_stacks: bool) -> anyhow::Result<Ebpf> {
+    let (min_offcpu, stack_repeat, fold_under) = durations;
     let tracefs = tracefs::ensure_mounted()?;
     let offsets = Offsets(tracepoint_offsets(&tracefs)?);
     let min_ns = min_offcpu.as_nanos() as u64;
     let repeat_ns = stack_repeat.as_nanos() as u64;
+    let fold_ns = fold_under.as_nanos() as u64;
     // Each stack map entry holds up to 127 frames (~1 KiB of kernel memory).
     let odd_entries = if rotating_stacks { STACK_MAP_ENTRIES } else { 1 };
     // One stack-copy scratch record per possible CPU (indexed by CPU).
@@ -521,6 +579,7 @@ fn open(
         .override_global(global::MIN_OFFCPU_NS, &min_ns, true)
         .override_global(global::MIN_FUTEX_NS, &min_ns, true)
         .override_global(global::USER_STACK_REPEAT_NS, &repeat_ns, true)
+        .override_global(global::OFFCPU_FOLD_UNDER_NS, &fold_ns, true)
         .override_global(global::TP_OFFSETS, &offsets, true)
         .load(OBJECT)
         .context(
@@ -559,273 +618,6 @@ fn opt_field(
     tracefs::Format::read(tracefs, category, name)
         .and_then(|f| f.field(field, size))
         .map_or(default, |f| f.offset)
-}
-
-fn attach_cpu_clock(ebpf: &mut Ebpf, freq_hz: u64) -> ProbeStatus {
-    let name = program::CPU;
-    let event = format!("cpu-clock@{freq_hz}Hz");
-    let result = (|| -> anyhow::Result<()> {
-        let prog: &mut PerfEvent = ebpf.program_mut(name).context("program missing")?.try_into()?;
-        prog.load()?;
-        let cpus = online_cpus().map_err(|(_, e)| e)?;
-        for cpu in cpus {
-            prog.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(freq_hz),
-                false,
-            )
-            .with_context(|| format!("perf_event_open(cpu-clock) on CPU {cpu}"))?;
-        }
-        Ok(())
-    })();
-    status(name, event, result)
-}
-
-/// Attaches `program` to every one of `tracepoints`, one status each.
-fn attach_all(ebpf: &mut Ebpf, program: &'static str, tracepoints: &[(&str, &str)]) -> Vec<ProbeStatus> {
-    let loaded = (|| -> anyhow::Result<()> {
-        let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
-        prog.load()?;
-        Ok(())
-    })();
-    tracepoints
-        .iter()
-        .map(|(category, name)| {
-            let event = format!("{category}:{name}");
-            let result = match &loaded {
-                Err(e) => Err(anyhow::anyhow!("{e:#}")),
-                Ok(()) => (|| -> anyhow::Result<()> {
-                    let prog: &mut TracePoint =
-                        ebpf.program_mut(program).context("program missing")?.try_into()?;
-                    prog.attach(category, name)?;
-                    Ok(())
-                })(),
-            };
-            status(program, event, result)
-        })
-        .collect()
-}
-
-/// Attaches `program` to the first of `candidates` that exists.
-fn attach_tracepoint(ebpf: &mut Ebpf, program: &'static str, candidates: &[(&str, &str)]) -> ProbeStatus {
-    let mut last = None;
-    let loaded = (|| -> anyhow::Result<()> {
-        let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
-        prog.load()?;
-        Ok(())
-    })();
-    if let Err(e) = loaded {
-        return status(
-            program,
-            format!("{}:{}", candidates[0].0, candidates[0].1),
-            Err(e),
-        );
-    }
-    for (category, name) in candidates {
-        let event = format!("{category}:{name}");
-        let prog: &mut TracePoint = match ebpf.program_mut(program).map(TryInto::try_into) {
-            Some(Ok(p)) => p,
-            _ => break,
-        };
-        match prog.attach(category, name) {
-            Ok(_) => return status(program, event, Ok(())),
-            Err(e) => last = Some((event, anyhow::Error::from(e))),
-        }
-    }
-    let (event, err) = last.unwrap_or_else(|| (String::new(), anyhow::anyhow!("no tracepoint to attach to")));
-    status(program, event, Err(err))
-}
-
-/// A BTF tracepoint (`tp_btf`): the program gets the tracepoint's own
-/// arguments (task pointers included), checked against the kernel's BTF.
-fn attach_btf_tracepoint(
-    ebpf: &mut Ebpf,
-    btf: &anyhow::Result<aya::Btf>,
-    program: &'static str,
-    category: &str,
-    name: &str,
-) -> ProbeStatus {
-    let result = (|| -> anyhow::Result<()> {
-        let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        let prog: &mut BtfTracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
-        prog.load(name, btf)?;
-        prog.attach()?;
-        Ok(())
-    })();
-    status(program, format!("{category}:{name}"), result)
-}
-
-/// The kernel's BTF, parsed once for every `tp_btf` program (parsing it
-/// takes seconds in an emulated test VM).
-fn kernel_btf() -> anyhow::Result<aya::Btf> {
-    aya::Btf::from_sys_fs().context(
-        "cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): slotprof needs CONFIG_DEBUG_INFO_BTF=y",
-    )
-}
-
-fn attach_uprobe(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    binary: &std::path::Path,
-    offset: u64,
-    tgid: u32,
-    label: &str,
-) -> ProbeStatus {
-    let result = (|| -> anyhow::Result<()> {
-        let prog: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
-        prog.load()?;
-        let scope = match std::num::NonZeroU32::new(tgid) {
-            Some(pid) => UProbeScope::OneProcess(pid),
-            None => UProbeScope::AllProcesses,
-        };
-        prog.attach(UProbeAttachLocation::AbsoluteOffset(offset), binary, scope)?;
-        Ok(())
-    })();
-    status(name, format!("uprobe:{label}"), result)
-}
-
-/// The program-cache uprobes: the entry program and the return program at
-/// each function, the kind of work as the attach cookie (both programs
-/// are loaded once and attached at every place). A function whose
-/// uretprobe does not attach loses its uprobe too (an entry with no return
-/// would time nothing).
-fn attach_cache_uprobes(
-    ebpf: &mut Ebpf,
-    places: &[crate::kernel::cache_functions::CacheUprobe],
-    tgid: u32,
-) -> Vec<ProbeStatus> {
-    let scope = match std::num::NonZeroU32::new(tgid) {
-        Some(pid) => UProbeScope::OneProcess(pid),
-        None => UProbeScope::AllProcesses,
-    };
-    for name in [program::CACHE_ENTER, program::CACHE_EXIT] {
-        let loaded = (|| -> anyhow::Result<()> {
-            let prog: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
-            prog.load()?;
-            Ok(())
-        })();
-        if let Err(e) = loaded {
-            return vec![status(name, "uprobe:program cache".into(), Err(e))];
-        }
-    }
-    places
-        .iter()
-        .map(|p| {
-            let result = (|| -> anyhow::Result<()> {
-                let point = || UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(p.file_offset),
-                    cookie: Some(u64::from(p.what)),
-                };
-                let exit: &mut UProbe = ebpf
-                    .program_mut(program::CACHE_EXIT)
-                    .context("program missing")?
-                    .try_into()?;
-                let link = exit.attach(point(), &p.binary, scope)?;
-                let enter: &mut UProbe = ebpf
-                    .program_mut(program::CACHE_ENTER)
-                    .context("program missing")?
-                    .try_into()?;
-                if let Err(e) = enter.attach(point(), &p.binary, scope) {
-                    let exit: &mut UProbe = ebpf
-                        .program_mut(program::CACHE_EXIT)
-                        .context("program missing")?
-                        .try_into()?;
-                    let _ = exit.detach(link);
-                    return Err(e.into());
-                }
-                Ok(())
-            })();
-            status(
-                program::CACHE_ENTER,
-                format!("uprobe+uretprobe:{}@{:#x}", p.name, p.file_offset),
-                result,
-            )
-        })
-        .collect()
-}
-
-fn status(program: &'static str, event: String, result: anyhow::Result<()>) -> ProbeStatus {
-    ProbeStatus {
-        program,
-        event,
-        attached: result.is_ok(),
-        error: result.err().map(|e| format!("{e:#}")),
-    }
-}
-
-/// Stacks read from the kernel, kept while events or sleeping threads may
-/// still refer to them (the kernel's copy is gone two epochs later). Used
-/// with [`Probes::next_stack_epoch`] by every mode: a map that only ever
-/// holds the last two epochs' stacks has few hash collisions (a collision
-/// loses the stack: the kernel's stack map has one entry per bucket).
-#[derive(Default)]
-pub struct StackCache {
-    /// User stacks unwound from copies (ids from `USER_STACK_ID_BASE` up).
-    pub user: crate::kernel::user_stacks::UserStacks,
-    stacks: HashMap<i32, (Vec<u64>, u64)>,
-    generation: u64,
-    rotated: Option<Instant>,
-}
-
-/// The stack maps take turns at most this often: a map is emptied only
-/// when it has not been written for at least this long, so no record a
-/// program is still writing refers to it.
-const STACK_EPOCH_MIN: Duration = Duration::from_millis(200);
-
-impl StackCache {
-    /// The stacks of `ids`, from the cache or the kernel.
-    pub fn table(&mut self, probes: &Probes, ids: impl IntoIterator<Item = i32>) -> StackTable {
-        self.generation += 1;
-        let g = self.generation;
-        let mut table = StackTable::new();
-        for id in ids {
-            if let Some(s) = self.read(probes, id) {
-                table.insert(id, s);
-            }
-        }
-        self.stacks.retain(|_, (_, used)| g - *used < 25);
-        table
-    }
-
-    fn read(&mut self, probes: &Probes, id: i32) -> Option<Vec<u64>> {
-        if crate::kernel::user_stacks::is_unwound(id) {
-            return self.user.get(id);
-        }
-        if let Some((s, used)) = self.stacks.get_mut(&id) {
-            *used = self.generation;
-            return Some(s.clone());
-        }
-        let s = probes.stack(id)?;
-        self.stacks.insert(id, (s.clone(), self.generation));
-        Some(s)
-    }
-
-    /// Starts a new stack epoch (which empties the older of the two maps),
-    /// first copying the stacks that `still_needed` (events not processed
-    /// yet, threads off-CPU now) refers to. Returns the stacks emptied.
-    pub fn rotate(
-        &mut self,
-        probes: &mut Probes,
-        still_needed: impl IntoIterator<Item = i32>,
-    ) -> anyhow::Result<usize> {
-        if self.rotated.is_some_and(|t| t.elapsed() < STACK_EPOCH_MIN) {
-            return Ok(0);
-        }
-        let doomed = probes.stack_epoch().wrapping_sub(1) & STACK_EPOCH_MASK;
-        for id in still_needed
-            .into_iter()
-            .filter(|&id| id >= 0 && !crate::kernel::user_stacks::is_unwound(id))
-        {
-            if let Some((_, used)) = self.stacks.get_mut(&id) {
-                *used = self.generation;
-            } else if split_stack_id(id).0 == doomed {
-                let _ = self.read(probes, id);
-            }
-        }
-        self.rotated = Some(Instant::now());
-        probes.next_stack_epoch()
-    }
 }
 
 #[cfg(test)]

@@ -237,9 +237,11 @@ pub struct HeldChild {
 /// would deadlock: spawn waits for the exec.)
 pub fn spawn_held(argv: &[String]) -> anyhow::Result<(HeldChild, u32)> {
     let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the two-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error()).context("pipe2");
     }
+    // SAFETY: both descriptors were just made by pipe2 and are owned by nothing else.
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let gate = read_end.as_raw_fd();
     let me = std::env::current_exe().context("cannot find slotprof's own executable")?;
@@ -299,10 +301,12 @@ pub fn exec_when_released(fd: Option<i32>) -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     };
     let mut b = [0u8; 1];
+    // SAFETY: reads one byte into a one-byte buffer from the descriptor slotprof passed down.
     if unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } != 1 {
         // slotprof failed before attaching: run nothing.
         return std::process::ExitCode::FAILURE;
     }
+    // SAFETY: the descriptor is ours and not used after this.
     unsafe { libc::close(fd) };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let err = std::process::Command::new(&argv[0])
@@ -314,6 +318,18 @@ pub fn exec_when_released(fd: Option<i32>) -> std::process::ExitCode {
         argv[0]
     );
     std::process::ExitCode::from(127)
+}
+
+/// A thread's name as the kernel keeps it (`comm`, NUL-padded), from
+/// /proc; zeros when it is gone.
+pub fn comm_of(pid: u32, tid: u32) -> [u8; profiler_ebpf::COMM_LEN] {
+    let mut c = [0u8; profiler_ebpf::COMM_LEN];
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+        let s = s.trim_end().as_bytes();
+        let n = s.len().min(profiler_ebpf::COMM_LEN - 1);
+        c[..n].copy_from_slice(&s[..n]);
+    }
+    c
 }
 
 #[cfg(test)]
@@ -397,6 +413,7 @@ mod tests {
             }
             let open_fails = std::fs::File::open("/proc/self/stat").is_err();
             let alive = me.is_alive();
+            // SAFETY: in the forked child, _exit ends it without running the parent's destructors.
             unsafe { libc::_exit(if open_fails && alive { 0 } else { 1 }) };
         }
         let mut status = 0;

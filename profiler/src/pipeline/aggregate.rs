@@ -15,7 +15,8 @@ type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 use flamegraphs::Folded;
 use profiler_ebpf::{
-    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
+    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuFold, OffCpuInterval, OffCpuStart,
+    UserRegs, COMM_LEN,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;
@@ -90,8 +91,13 @@ pub struct Aggregator {
     threads: HashMap<u32, ThreadTotals>,
     longest: Vec<LongInterval>,
     pub samples: u64,
+    /// Off-CPU intervals, folded ones included, and their time.
     pub offcpu_intervals: u64,
     pub offcpu_ns: u64,
+    /// Of `offcpu_intervals`, those the kernel folded, and the records
+    /// they came in.
+    pub offcpu_folded: u64,
+    pub offcpu_folds: u64,
     /// Records that did not decode (never expected; counted, not trusted).
     malformed: u64,
     /// Every event counted, as records (`events::write_raw`), while a
@@ -247,6 +253,7 @@ impl Aggregator {
         match event {
             Event::Sample(s) => self.sample(s),
             Event::OffCpu(o) => self.interval(o, false),
+            Event::OffCpuFold(f) => self.fold(f),
             // Slot marks belong to the slot timeline, not the profile.
             Event::SlotMark(_) => {}
             Event::Madvise(m) => self.madvise_log.push(*m),
@@ -305,6 +312,7 @@ impl Aggregator {
             preempted,
             woken_ns: o.woken_ns,
             ran: crate::records::Runner::of(o),
+            folded: None,
         });
         self.offcpu_intervals += 1;
         self.offcpu_ns += ns;
@@ -312,6 +320,43 @@ impl Aggregator {
         t.offcpu_ns += ns;
         t.offcpu_intervals += 1;
         self.keep_if_long(o, ns, preempted, cut_at_end);
+    }
+
+    /// Counts short waits the kernel folded into one record: their time
+    /// exact, spread over their span in the profiles.
+    pub fn fold(&mut self, f: &OffCpuFold) {
+        // (A part of a fold cut at a slot's end may hold no whole wait.)
+        if f.offcpu_ns == 0 || f.last_end_ns <= f.first_start_ns {
+            return;
+        }
+        let key = StackKey {
+            tgid: f.tgid,
+            tid: f.tid,
+            comm: f.comm,
+            user_stack_id: f.user_stack_id,
+            kernel_stack_id: f.kernel_stack_id,
+        };
+        let folded = crate::records::Folded {
+            intervals: f.intervals,
+            offcpu_ns: f.offcpu_ns.min(f.last_end_ns - f.first_start_ns),
+            runnable_ns: f.runnable_ns,
+        };
+        self.interval_log.push(&Interval {
+            start_ns: f.first_start_ns,
+            end_ns: f.last_end_ns,
+            key,
+            preempted: false,
+            woken_ns: 0,
+            ran: Default::default(),
+            folded: Some(folded),
+        });
+        self.offcpu_intervals += u64::from(f.intervals);
+        self.offcpu_folded += u64::from(f.intervals);
+        self.offcpu_folds += 1;
+        self.offcpu_ns += folded.offcpu_ns;
+        let t = self.thread(f.tid, &f.comm);
+        t.offcpu_ns += folded.offcpu_ns;
+        t.offcpu_intervals += u64::from(f.intervals);
     }
 
     /// Counts a thread that is still off-CPU when the session ends, from
@@ -422,7 +467,7 @@ impl Aggregator {
         }
         let mut off: FastMap<(StackKey, bool), u64> = FastMap::default();
         self.interval_log.for_each(|i| {
-            *off.entry((i.key, i.preempted)).or_default() += i.end_ns.saturating_sub(i.start_ns);
+            *off.entry((i.key, i.preempted)).or_default() += i.offcpu_ns();
         })?;
         Ok(names.profiles(&on, &off))
     }
@@ -474,6 +519,14 @@ impl Aggregator {
                 }
                 for (i, ns) in timeline.split(iv.start_ns, iv.end_ns) {
                     if (first..last).contains(&i) {
+                        // Folded waits: their time, spread over their span.
+                        let ns = match iv.folded {
+                            None => ns,
+                            Some(_) => {
+                                let s = &timeline.slots()[i];
+                                iv.offcpu_between(s.start_ns, s.end_ns)
+                            }
+                        };
                         *off[i - first].entry((iv.key, iv.preempted)).or_default() += ns;
                     }
                 }
@@ -856,6 +909,52 @@ pub(crate) mod tests {
         assert_eq!(on, [1, 3, 0]); // ts 99 is outside every slot
         assert_eq!(off, [2, 10, 5]);
         assert_eq!(agg.span().unwrap(), Some((5, 99)));
+    }
+
+    /// Waits folded in the kernel: their time, not their span, in the
+    /// session's profile and the thread's totals; in the slots, their time
+    /// spread evenly over their span.
+    #[test]
+    fn folded_waits_count_their_time_spread_over_their_span() {
+        use crate::slots::Timeline;
+        let mut agg = Aggregator::new();
+        let fold = OffCpuFold {
+            kind: EventKind::OffCpuFold as u32,
+            cpu: 0,
+            first_start_ns: 0,
+            last_end_ns: 40,
+            tgid: 1,
+            tid: 3,
+            offcpu_ns: 20,
+            runnable_ns: 2,
+            intervals: 6,
+            kernel_stack_id: profiler_ebpf::KERNEL_STACK_SYSCALL_WAIT - 202,
+            user_stack_id: -14,
+            state: 1,
+            ip: 1,
+            sp: 2,
+            bp: 3,
+            comm: comm("idle"),
+        };
+        agg.ingest(&Event::OffCpuFold(fold));
+        assert_eq!(
+            (agg.offcpu_intervals, agg.offcpu_folded, agg.offcpu_folds),
+            (6, 6, 1)
+        );
+        assert_eq!((agg.offcpu_ns, agg.threads()[0].offcpu_ns), (20, 20));
+        let mut sym = Symbolizer::new();
+        let p = agg.resolve(&StackTable::new(), &mut sym).unwrap();
+        assert_eq!(p.offcpu.total(), 20);
+        // Slots of 10 ns: 0..10, 10..20, 20..30, 30..40, and 40..50 past it.
+        let t = Timeline::clock(std::time::Duration::from_nanos(10), 0, None, 0, 50);
+        let per = agg.resolve_slots(&t, &StackTable::new(), &mut sym).unwrap();
+        let off: Vec<u64> = per.iter().map(|p| p.offcpu.total()).collect();
+        assert_eq!(off, [5, 5, 5, 5, 0]);
+        // Not the detectors': they read intervals one by one.
+        assert!(agg.intervals().of_threads(&[3]).unwrap().is_empty());
+        // A record with no time (a part of a fold with none) counts nothing.
+        agg.fold(&OffCpuFold { offcpu_ns: 0, ..fold });
+        assert_eq!(agg.offcpu_folds, 1);
     }
 
     #[test]

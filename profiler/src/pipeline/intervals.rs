@@ -4,7 +4,7 @@
 //! ~7,500/s across 166 threads), and a session needs all of them at its
 //! end: the profiles split them at slot boundaries, the gap detector reads
 //! its thread's, the trace lists them. Kept as they come they cost 64
-//! bytes each and grow without bound. Here each is 32 bytes (its thread
+//! bytes each and grow without bound. Here each is 56 bytes (its thread
 //! and stacks interned once), the newest [`IN_MEMORY`] stay in memory,
 //! and older ones go to an unnamed temporary file (`O_TMPFILE`: no path
 //! anyone can guess or race, gone when slotprof exits however it exits),
@@ -18,13 +18,13 @@ use std::{
     path::Path,
 };
 
-use crate::records::{Interval, Runner, StackKey};
+use crate::records::{Folded, Interval, Runner, StackKey};
 
-/// Intervals kept in memory before they go to the file (2 MiB).
+/// Intervals kept in memory before they go to the file (3.5 MiB).
 pub const IN_MEMORY: usize = 65_536;
 
 /// One interval as stored.
-const RECORD: usize = 32;
+const RECORD: usize = 56;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Packed {
@@ -35,6 +35,11 @@ struct Packed {
     preempted: bool,
     /// Index of the task that had the CPU in `IntervalStore::runners`.
     ran: u16,
+    /// Folded waits: how many plus one (0: one interval, not folded),
+    /// their off-CPU and runnable time.
+    folded: u32,
+    folded_ns: u64,
+    folded_runnable_ns: u64,
 }
 
 impl Packed {
@@ -45,6 +50,10 @@ impl Packed {
         out.extend_from_slice(&self.key.to_le_bytes());
         out.extend_from_slice(&[self.preempted as u8, 0]);
         out.extend_from_slice(&self.ran.to_le_bytes());
+        out.extend_from_slice(&self.folded.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.folded_ns.to_le_bytes());
+        out.extend_from_slice(&self.folded_runnable_ns.to_le_bytes());
     }
 
     fn decode(b: &[u8]) -> Self {
@@ -56,7 +65,18 @@ impl Packed {
             key: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
             preempted: b[28] != 0,
             ran: u16::from_le_bytes([b[30], b[31]]),
+            folded: u32::from_le_bytes(b[32..36].try_into().expect("4 bytes")),
+            folded_ns: u64_at(40),
+            folded_runnable_ns: u64_at(48),
         }
+    }
+
+    fn folded(&self) -> Option<Folded> {
+        (self.folded != 0).then(|| Folded {
+            intervals: self.folded - 1,
+            offcpu_ns: self.folded_ns,
+            runnable_ns: self.folded_runnable_ns,
+        })
     }
 }
 
@@ -115,6 +135,17 @@ impl IntervalStore {
             next
         });
         let ran = self.runner(&i.ran);
+        let f = i.folded.map_or(
+            Folded {
+                intervals: 0,
+                offcpu_ns: 0,
+                runnable_ns: 0,
+            },
+            |f| Folded {
+                intervals: f.intervals.saturating_add(1),
+                ..f
+            },
+        );
         self.tail.push(Packed {
             start_ns: i.start_ns,
             end_ns: i.end_ns,
@@ -122,6 +153,9 @@ impl IntervalStore {
             key,
             preempted: i.preempted,
             ran,
+            folded: f.intervals,
+            folded_ns: f.offcpu_ns,
+            folded_runnable_ns: f.runnable_ns,
         });
         if self.tail.len() >= IN_MEMORY && self.file_error.is_none() {
             if let Err(e) = self.spill() {
@@ -179,6 +213,7 @@ impl IntervalStore {
                 preempted: p.preempted,
                 woken_ns: p.woken_ns,
                 ran: self.runners.get(p.ran as usize).copied().unwrap_or_default(),
+                folded: p.folded(),
             })
         };
         if let Some(file) = &self.file {
@@ -207,11 +242,13 @@ impl IntervalStore {
         Ok(())
     }
 
-    /// The intervals of the threads in `tids`, in memory.
+    /// The intervals of the threads in `tids`, in memory: one by one,
+    /// not folded ones (the detectors' threads fold none: the kernel is
+    /// told which they are).
     pub fn of_threads(&self, tids: &[u32]) -> io::Result<Vec<Interval>> {
         let mut out = Vec::new();
         self.for_each(|i| {
-            if tids.contains(&i.key.tid) {
+            if i.folded.is_none() && tids.contains(&i.key.tid) {
                 out.push(*i);
             }
         })?;
@@ -276,6 +313,11 @@ mod tests {
                 comm: [b'r'; profiler_ebpf::COMM_LEN],
                 kthread: n % 7 == 2,
             },
+            folded: (n % 4 == 1).then_some(Folded {
+                intervals: n as u32 + 1,
+                offcpu_ns: 5,
+                runnable_ns: n % 3,
+            }),
         }
     }
 
@@ -286,8 +328,23 @@ mod tests {
     }
 
     fn same(a: &Interval, b: &Interval) -> bool {
-        (a.start_ns, a.end_ns, a.key, a.preempted, a.woken_ns, a.ran)
-            == (b.start_ns, b.end_ns, b.key, b.preempted, b.woken_ns, b.ran)
+        (
+            a.start_ns,
+            a.end_ns,
+            a.key,
+            a.preempted,
+            a.woken_ns,
+            a.ran,
+            a.folded,
+        ) == (
+            b.start_ns,
+            b.end_ns,
+            b.key,
+            b.preempted,
+            b.woken_ns,
+            b.ran,
+            b.folded,
+        )
     }
 
     #[test]
@@ -329,8 +386,11 @@ mod tests {
         }
         let of = s.of_threads(&[3]).unwrap();
         assert!(!of.is_empty());
-        assert!(of.iter().all(|i| i.key.tid == 3));
-        let expected = (0..IN_MEMORY as u64 + 10).filter(|i| i % 5 == 3).count();
+        assert!(of.iter().all(|i| i.key.tid == 3 && i.folded.is_none()));
+        // Folded waits are not the detectors': left out.
+        let expected = (0..IN_MEMORY as u64 + 10)
+            .filter(|i| i % 5 == 3 && i % 4 != 1)
+            .count();
         assert_eq!(of.len(), expected);
     }
 

@@ -318,6 +318,7 @@ mod tests {
     }
 
     fn regs(ts_ns: u64) -> UserRegs {
+        // SAFETY: a plain-data record (integers): all zeros is a valid value.
         let mut r: UserRegs = unsafe { std::mem::zeroed() };
         r.ts_ns = ts_ns;
         r

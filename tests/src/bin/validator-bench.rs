@@ -8,11 +8,14 @@
 //!        [--run-minutes M] [--rate TX_PER_S] [--scratch DIR]
 //!
 //! 1. Interleaved rounds of `--seconds` each: the node alone, under
-//!    `slotprof attach` (all probes, `--probe-stats`, RPC slot source) and
-//!    under `perf record --call-graph dwarf -F 99` (whole user stacks of a
-//!    binary without frame pointers, like slotprof). Per round: the node's
-//!    slots a second (from its own RPC), its CPU; slotprof's peak RSS (wait4)
-//!    and CPU, each BPF program's run time, lost events, stacks.
+//!    `slotprof attach` (all probes, `--probe-stats`, RPC slot source; as
+//!    shipped, and with `--offcpu exact`) and under `perf record
+//!    --call-graph dwarf -F 99` (whole user stacks of a binary without
+//!    frame pointers, like slotprof) followed by `perf report --stdio` on
+//!    its data (where perf unwinds and symbolizes: the counterpart of
+//!    slotprof's outputs). Per round: the node's slots a second (from its
+//!    own RPC), its CPU; the tool's peak RSS (wait4) and CPU, each BPF
+//!    program's run time, lost events, stacks.
 //! 2. `slotprof run` for `--run-minutes`, phase probe off, following the
 //!    node by name: RSS and CPU every 10 s. Twice: with the default
 //!    export (every slot of this node is a leader slot, so every slot is
@@ -136,10 +139,17 @@ struct Round {
     node_cores: f64,
     tool_rss: u64,
     tool_cpu_s: f64,
+    /// Of `tool_cpu_s`, what came after the recording (`perf report`).
+    tool_post_cpu_s: f64,
     summary: Option<Value>,
 }
 
-const VARIANTS: [&str; 3] = ["alone", "slotprof attach", "perf record --call-graph dwarf"];
+const VARIANTS: [&str; 4] = [
+    "alone",
+    "slotprof attach",
+    "slotprof attach --offcpu exact",
+    "perf record --call-graph dwarf",
+];
 
 fn one_round(a: &Args, node: &Node, variant: &'static str, i: usize) -> Result<Round, String> {
     let pid = node.pid();
@@ -153,13 +163,18 @@ fn one_round(a: &Args, node: &Node, variant: &'static str, i: usize) -> Result<R
     let secs = a.seconds.to_string();
     match variant {
         "alone" => std::thread::sleep(Duration::from_secs(a.seconds)),
-        "slotprof attach" => {
+        "slotprof attach" | "slotprof attach --offcpu exact" => {
             let out = a.scratch.join(format!("attach-{i}"));
+            let mode = if variant.ends_with("exact") {
+                "exact"
+            } else {
+                "folded"
+            };
             let (ok, peak, cpu) = run_measured(
                 Command::new(&a.slotprof)
                     .args(["attach", "--pid", &pid.to_string(), "--duration"])
                     .arg(format!("{secs}s"))
-                    .args(["--probe-stats", "--slot-source"])
+                    .args(["--offcpu", mode, "--probe-stats", "--slot-source"])
                     .arg(format!("rpc={}", node.rpc_url()))
                     .arg("--out")
                     .arg(&out)
@@ -203,12 +218,27 @@ fn one_round(a: &Args, node: &Node, variant: &'static str, i: usize) -> Result<R
                     .stderr(Stdio::null()),
             )
             .map_err(|e| format!("perf: {e}"))?;
-            let _ = std::fs::remove_file(&data);
             if !ok {
+                let _ = std::fs::remove_file(&data);
                 return Err("perf record failed".into());
             }
-            r.tool_rss = peak;
-            r.tool_cpu_s = cpu;
+            // Where perf unwinds and names the stacks it copied: what
+            // slotprof does while it records and at its end.
+            let (report_ok, report_peak, report_cpu) = run_measured(
+                Command::new(perf)
+                    .args(["report", "--stdio", "-i"])
+                    .arg(&data)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+            .map_err(|e| format!("perf report: {e}"))?;
+            let _ = std::fs::remove_file(&data);
+            if !report_ok {
+                return Err("perf report failed".into());
+            }
+            r.tool_rss = peak.max(report_peak);
+            r.tool_cpu_s = cpu + report_cpu;
+            r.tool_post_cpu_s = report_cpu;
         }
     }
     let wall = t0.elapsed().as_secs_f64();
@@ -439,9 +469,15 @@ fn markdown(a: &Args, rounds: &[Round], runs: &[(&str, RunResult)], load: &Value
             sps / alone
         );
     }
+    let perf_report = median(
+        of("perf record --call-graph dwarf")
+            .iter()
+            .map(|r| 100.0 * r.tool_post_cpu_s / a.seconds as f64)
+            .collect(),
+    );
     let _ = writeln!(
         md,
-        "\nperf writes the raw stack copies while recording and unwinds them at `perf report` time (not counted here); slotprof unwinds as it goes (its CPU above includes that and the end-of-session symbolization and export)."
+        "\nperf writes the raw stack copies while recording and unwinds them at `perf report --stdio` time, counted in its CPU above ({perf_report:.2}% of it, of one CPU over the round); slotprof unwinds as it goes (its CPU includes that and the end-of-session symbolization and export). `--offcpu exact` sends every off-CPU interval with its own stack; the shipped default folds the short waits idle threads repeat (see docs/how-it-works.md)."
     );
     // The probes, from the last attach round's summary.
     if let Some(s) = of("slotprof attach")

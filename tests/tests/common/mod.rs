@@ -897,3 +897,27 @@ fn steal_ticks(line: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Whether `count` events in `n` trials are consistent with a rate of at
+/// most `rate`: the lower end of the count's 95% Wilson interval is at or
+/// below it (a count can exceed `rate * n` by chance when the true rate
+/// is `rate`; it fails when the data show the rate is higher). With the
+/// measured rate and interval, for the check's row.
+pub fn rate_at_most(count: usize, n: usize, rate: f64) -> (bool, String) {
+    let (k, n) = (count as f64, n.max(1) as f64);
+    let z = 1.96f64;
+    let p = k / n;
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
+    let (lo, hi) = ((centre - half).max(0.0), (centre + half).min(1.0));
+    (
+        lo <= rate,
+        format!(
+            "{count} in {} ({:.2}%, 95% interval {:.2}-{:.2}%)",
+            n as u64,
+            100.0 * p,
+            100.0 * lo,
+            100.0 * hi
+        ),
+    )
+}

@@ -191,6 +191,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// CPU time (user + system) of this process's waited-for children so far.
 fn children_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data: all zeros is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a zeroed rusage for the kernel to fill.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
@@ -220,6 +221,7 @@ fn perf_binary(root: &Path) -> Option<PathBuf> {
 
 /// CLOCK_MONOTONIC now, in ns (the clock of poh-loop's series).
 fn monotonic_ns() -> u64 {
+    // SAFETY: timespec is plain data: all zeros is a valid value.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: the kernel fills the timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };

@@ -190,6 +190,7 @@ pub(super) fn attach_memory(root: &Path, scratch: &Path) -> anyhow::Result<Strin
         .spawn()?;
     // wait4 gives the child's peak RSS (ru_maxrss, KiB) with its status.
     let mut status = 0;
+    // SAFETY: rusage is plain data: all zeros is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own child; the kernel fills status and usage.
     let r = unsafe { libc::wait4(tool.id() as i32, &mut status, 0, &mut usage) };

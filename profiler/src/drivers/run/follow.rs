@@ -58,6 +58,7 @@ pub(super) async fn follow(
                     Ok(new) => {
                         let new = new.config;
                         chunk.exporter.reconfigure(&new.export_policy());
+                        f.exact = crate::drivers::exact_threads::ExactThreads::new(target.pid, &new.spec.detectors);
                         chunk.config = new;
                         eprintln!("slotprof: configuration reloaded from {} (applied in place)", o.config.display());
                         crate::sd_notify::notify("READY=1");
@@ -122,6 +123,8 @@ pub(super) struct Follow {
     pub(super) processed_until: u64,
     pub(super) ticks: u64,
     pub(super) losses: LossReport,
+    /// The threads the kernel never folds waits of.
+    pub(super) exact: crate::drivers::exact_threads::ExactThreads,
 }
 
 impl Follow {
@@ -137,6 +140,7 @@ impl Follow {
             origin_ns: None,
             leader: None,
         });
+        let mut exact = crate::drivers::exact_threads::ExactThreads::new(target.pid, &config.spec.detectors);
         let crate::kernel::attach::Attached {
             probes,
             ring,
@@ -145,28 +149,17 @@ impl Follow {
             not_attached,
             program_cache,
             psi,
-        } = crate::kernel::attach::attach(
+        } = crate::drivers::attach_spec(
             target,
-            crate::kernel::attach::Uprobes {
-                slot_source: Some(&slot_source),
-                loop_symbol: config
-                    .spec
-                    .loop_symbol
-                    .as_deref()
-                    .map(|f| ("detectors.loop_symbol", f)),
+            &config.spec,
+            Some(&slot_source),
+            crate::drivers::AttachAs {
+                loop_symbol: "detectors.loop_symbol",
+                program_cache: "detectors.program_cache",
                 exe: None,
-                program_cache: ("detectors.program_cache", config.spec.program_cache),
-            },
-            ProbeConfig {
-                tgid: target.pid,
-                min_offcpu: config.spec.min_offcpu,
-                stack_repeat: config.spec.stack_repeat,
-                freq_hz: config.spec.frequency_hz,
                 probe_stats: false,
-                slot_uprobe: None,
-                loop_uprobe: None,
-                cache_uprobes: Vec::new(),
                 detector_probes: true,
+                exact_tids: exact.initial(),
             },
         )?;
         if let Some(line) = program_cache {
@@ -206,6 +199,7 @@ impl Follow {
             processed_until: origin.0,
             ticks: 0,
             losses: LossReport::default(),
+            exact,
         };
         let mut s = snapshot.lock().unwrap();
         s.slot_source = match &f.slot_source {
@@ -265,16 +259,23 @@ impl Follow {
         );
         self.stacks.user.expire(&mut |e| pending.push(slot_log, e));
         self.probes.set_stack_tops(&self.stacks.user.take_stack_tops());
+        self.exact.refresh(&mut self.probes);
         // A slot is cut once every record that began in it is here: one
         // still waiting for its thread's stack copy (a system call that
         // slept more than once exits late; at most 2 s) holds its slot back
         // instead of arriving after it and being dropped as late.
         let now = monotonic_ns().min(synced);
-        let ready = self
+        let mut ready = self
             .stacks
             .user
             .oldest_held_start_ns()
             .map_or(now, |t| now.min(t + GRACE_NS));
+        if chunk.config.spec.offcpu == crate::spec::OffCpuMode::Folded {
+            // Folded waits go out once the first is a span old, at the
+            // thread's next switch: the slots wait for them (a thread
+            // asleep since has its fold read from its entry).
+            ready = ready.min(now.saturating_sub(profiler_ebpf::FOLD_SPAN_NS + FOLD_GRACE_NS));
+        }
         let done = finished_slots(
             &self.slot_source,
             &self.slot_log,
@@ -323,9 +324,15 @@ impl Follow {
         let b = done.last().unwrap().end_ns;
         let pid = chunk.target.pid;
         let mut agg = Aggregator::new();
-        self.pending.take_until(c, b, &mut agg);
         let in_flight = self.probes.in_flight_offcpu();
         let user = &mut self.stacks.user;
+        self.pending.take_sleeping_folds(
+            &in_flight,
+            pid,
+            &mut |tid| crate::kernel::target::comm_of(pid, tid),
+            &mut |tid, f| user.fold_stack(tid, f.ip, f.sp, f.bp),
+        );
+        self.pending.take_until(c, b, &mut agg);
         self.pending.count_open(
             &in_flight,
             pid,

@@ -47,7 +47,7 @@ use crate::{
     export::metrics::{self, Snapshot},
     export::{always_on, push::Pusher, SlotExport, SlotResult},
     kernel::events::Event,
-    kernel::probes::{ProbeConfig, Probes, StackCache},
+    kernel::probes::{Probes, StackCache},
     kernel::stream,
     kernel::target::Target,
     pipeline::aggregate::Aggregator,
@@ -59,6 +59,10 @@ use crate::{
 
 /// How long after a slot's end its events are taken as complete.
 const GRACE_NS: u64 = 30_000_000;
+
+/// With folded off-CPU waits, slots wait this long past the fold span
+/// for a thread's fold to come (it goes out at the thread's next switch).
+const FOLD_GRACE_NS: u64 = 20_000_000;
 
 /// Symbol tables unused this long are released (see
 /// `Symbolizer::release_idle`): on the real node the validator's
@@ -111,6 +115,7 @@ fn needs_reattach(old: &Config, new: &Config) -> bool {
         || old.spec.frequency_hz != new.spec.frequency_hz
         || old.spec.min_offcpu != new.spec.min_offcpu
         || old.spec.stack_repeat != new.spec.stack_repeat
+        || old.spec.offcpu != new.spec.offcpu
         || old.spec.slot_source != new.spec.slot_source
         || old.spec.loop_symbol != new.spec.loop_symbol
         || old.spec.program_cache != new.spec.program_cache

@@ -37,6 +37,8 @@ pub(super) struct Live {
     /// Stack ids seen since the last stack epoch began, and in the one
     /// before: what a new epoch may empty from the kernel.
     pub(super) recent_ids: [Vec<i32>; 2],
+    /// The threads the kernel never folds waits of.
+    pub(super) exact: crate::drivers::exact_threads::ExactThreads,
 }
 
 impl Live {
@@ -54,6 +56,7 @@ impl Live {
         let sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
         let attaching = Instant::now();
+        let mut exact = crate::drivers::exact_threads::ExactThreads::new(target.pid, &opts.spec.detectors);
         let crate::kernel::attach::Attached {
             probes,
             ring,
@@ -62,24 +65,17 @@ impl Live {
             not_attached,
             program_cache,
             psi,
-        } = crate::kernel::attach::attach(
+        } = crate::drivers::attach_spec(
             &target,
-            crate::kernel::attach::Uprobes {
-                slot_source: opts.spec.slot_source.as_ref(),
-                loop_symbol: opts.spec.loop_symbol.as_deref().map(|f| ("--loop-symbol", f)),
+            &opts.spec,
+            opts.spec.slot_source.as_ref(),
+            crate::drivers::AttachAs {
+                loop_symbol: "--loop-symbol",
+                program_cache: "--program-cache",
                 exe: opts.exe.as_deref(),
-                program_cache: ("--program-cache", opts.spec.program_cache),
-            },
-            ProbeConfig {
-                tgid: target.pid,
-                min_offcpu: opts.spec.min_offcpu,
-                stack_repeat: opts.spec.stack_repeat,
-                freq_hz: opts.spec.frequency_hz,
                 probe_stats: opts.probe_stats,
-                slot_uprobe: None,
-                loop_uprobe: None,
-                cache_uprobes: Vec::new(),
                 detector_probes: opts.detector_probes,
+                exact_tids: exact.initial(),
             },
         )?;
         if let Some(line) = program_cache {
@@ -166,6 +162,7 @@ impl Live {
             maps_errors: MapsErrors::default(),
             stacks: StackCache::default(),
             recent_ids: Default::default(),
+            exact,
         })
     }
 
@@ -278,6 +275,7 @@ impl Live {
             stacks.user.expire(&mut |e| stream::Sink::event(&mut sink, e));
         }
         self.probes.set_stack_tops(&stacks.user.take_stack_tops());
+        self.exact.refresh(&mut self.probes);
         let in_flight = self.probes.in_flight_offcpu();
         let still_needed = recent_ids
             .iter()
@@ -355,6 +353,7 @@ impl Live {
             };
             stacks.user.flush(&mut |e| stream::Sink::event(&mut sink, e));
         }
+        count_pending_folds(&probes, &mut stacks.user, &mut agg, target.pid);
         if let Some(mut w) = saved.take() {
             w.flush().context("--save-events")?;
         }
@@ -435,6 +434,29 @@ impl Live {
             probe_cost,
             backlog_full,
         })
+    }
+}
+
+/// Waits the kernel folded and had not sent yet when the session ended
+/// (every thread's): counted as their records would have been.
+fn count_pending_folds(
+    probes: &Probes,
+    user: &mut crate::kernel::user_stacks::UserStacks,
+    agg: &mut Aggregator,
+    pid: u32,
+) {
+    for (tid, tgid, f) in probes.pending_folds() {
+        if tgid != pid {
+            continue;
+        }
+        let mut rec = crate::pipeline::slot_window::fold_record(
+            tid,
+            tgid,
+            &f,
+            crate::kernel::target::comm_of(pid, tid),
+        );
+        rec.user_stack_id = user.fold_stack(tid, f.ip, f.sp, f.bp);
+        agg.ingest(&events::Event::OffCpuFold(rec));
     }
 }
 

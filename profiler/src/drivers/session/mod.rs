@@ -30,7 +30,7 @@ use crate::{
     export::report::{self, EventCounts, FramePointers, Lost, Summary, TargetSummary},
     export::{push::Pusher, slot_export, SlotExport, SlotResult},
     kernel::events,
-    kernel::probes::{ProbeConfig, Probes, StackCache},
+    kernel::probes::{Probes, StackCache},
     kernel::stream,
     kernel::target::{symbolizer_for, wait_for_exec, MapsErrors, Target},
     pipeline::aggregate::{Aggregator, Profiles, Row, RowKey, StackTable},
@@ -49,11 +49,11 @@ pub struct SessionOptions {
     pub out: PathBuf,
     /// "attach" or "record", for the summary.
     pub command: &'static str,
-    /// Measure the probes' own cost (see [`ProbeConfig::probe_stats`]).
+    /// Measure the probes' own cost (see [`ProbeConfig::probe_stats`](crate::kernel::probes::ProbeConfig::probe_stats)).
     pub probe_stats: bool,
     /// The target's executable when known before it runs (`record`).
     pub exe: Option<PathBuf>,
-    /// Attach the detectors' probes (see [`ProbeConfig::detector_probes`]).
+    /// Attach the detectors' probes (see [`ProbeConfig::detector_probes`](crate::kernel::probes::ProbeConfig::detector_probes)).
     pub detector_probes: bool,
     /// Write every raw record here too (see [`crate::kernel::events::write_raw`]).
     pub save_events: Option<PathBuf>,

@@ -70,6 +70,8 @@ pub(super) fn summary_of(
             oncpu_samples: c.agg.samples,
             offcpu_intervals: c.agg.offcpu_intervals,
             offcpu_ns: c.agg.offcpu_ns,
+            offcpu_folded: c.agg.offcpu_folded,
+            offcpu_folds: c.agg.offcpu_folds,
             oncpu_stacks: a.profiles.oncpu.len(),
             offcpu_stacks: a.profiles.offcpu.len(),
             offcpu_interval_file_bytes: c.agg.intervals().file_bytes(),

@@ -14,7 +14,9 @@
 //!
 //! A system call exit's record may carry no stack but the `REPEAT` flag:
 //! the thread is back where its last exit copy was taken (same `ip`, `sp`
-//! and `bp`, within `--stack-repeat`), and gets that copy's stack.
+//! and `bp`, within `--stack-repeat`), and gets that copy's stack. Waits
+//! the kernel folded (`OffCpuFold`, `USER_STACK_AT_EXIT_COPY`) get the
+//! stack of the thread's exit copy taken at their registers.
 
 // Keys come from the target (addresses, stack words): foldhash is seeded
 // per process, and 3-5x cheaper than SipHash on these keys.
@@ -27,12 +29,18 @@ use std::{
 use profiler_ebpf::{
     is_wait_syscall, sleeps_interruptible, stack_for, EventKind, KernelStackHeader, OffCpuStart,
     UserStackHeader, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_INLINE, KERNEL_STACK_SYSCALL_WAIT,
-    USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT, USER_STACK_WAKER_COPY,
-    USER_STACK_WAKER_SAMPLED_OUT,
+    USER_STACK_AT_EXIT_COPY, USER_STACK_AT_SWITCH_OUT, USER_STACK_ID_BASE, USER_STACK_NEXT,
+    USER_STACK_WAKER_COPY, USER_STACK_WAKER_SAMPLED_OUT,
 };
 use symbolizer::unwind::{marker, End, Unwinder};
 
 use crate::kernel::events::{self, Event};
+
+mod sleepers;
+
+use sleepers::SleeperKernelStacks;
+#[cfg(test)]
+use sleepers::{parse_proc_stack, parse_proc_syscall, proc_syscall_regs, SyscallRegs};
 
 /// A record waits this long for its thread's stack copy, then goes on
 /// with `[user stack not taken]` (a thread that exits inside a system call
@@ -80,6 +88,10 @@ pub struct StackSources {
     /// record lost, or the stack forgotten): not taken.
     pub exit_repeats: u64,
     pub exit_repeats_missing: u64,
+    /// Records of waits the kernel folded, and those whose exit copy (at
+    /// their registers) was not here: not taken.
+    pub folds: u64,
+    pub folds_missing: u64,
     /// Exit copies no record waited for (an earlier copy served them),
     /// kept for the thread's later repeats.
     pub exit_copies_unclaimed: u64,
@@ -138,6 +150,9 @@ pub struct UserStacks {
     new_tops: Vec<(u32, Option<u64>)>,
     /// tid -> its last copy at a system call exit.
     last_exit: HashMap<u32, ExitCopy>,
+    /// (tid, ip, sp, bp) -> its exit copy taken there: what a fold stands
+    /// for (a thread's copy may have moved on by the time its fold comes).
+    exit_copies: HashMap<(u32, u64, u64, u64), i32>,
     pub sources: StackSources,
     last_sweep: Instant,
 }
@@ -159,6 +174,7 @@ impl Default for UserStacks {
             tops: HashMap::new(),
             new_tops: Vec::new(),
             last_exit: HashMap::new(),
+            exit_copies: HashMap::new(),
             sources: StackSources::default(),
             last_sweep: Instant::now(),
         }
@@ -231,6 +247,11 @@ impl UserStacks {
             } else if f.waker_user_stack_id == USER_STACK_WAKER_SAMPLED_OUT {
                 self.sources.waker_copies_sampled_out += 1;
                 f.waker_user_stack_id = self.not_taken();
+            }
+        }
+        if let Event::OffCpuFold(f) = &mut event {
+            if f.user_stack_id == USER_STACK_AT_EXIT_COPY {
+                f.user_stack_id = self.fold_stack(f.tid, f.ip, f.sp, f.bp);
             }
         }
         if let Event::OffCpu(o) = &mut event {
@@ -414,6 +435,28 @@ impl UserStacks {
             id,
         };
         self.last_exit.insert(header.tid, copy);
+        if self.exit_copies.len() >= 65_536 {
+            self.exit_copies.clear();
+        }
+        self.exit_copies
+            .insert((header.tid, header.ip, header.sp, header.bp), id);
+    }
+
+    /// The stack of waits `tid` folded at these registers: its exit copy
+    /// taken there (see `profiler_ebpf::OffCpuFold`), if still kept.
+    pub fn fold_stack(&mut self, tid: u32, ip: u64, sp: u64, bp: u64) -> i32 {
+        self.sources.folds += 1;
+        let known = self.exit_copies.get(&(tid, ip, sp, bp)).copied();
+        match known.and_then(|id| self.ids.get_mut(&id).map(|e| (id, e))) {
+            Some((id, entry)) => {
+                entry.1 = Instant::now();
+                id
+            }
+            None => {
+                self.sources.folds_missing += 1;
+                self.not_taken()
+            }
+        }
     }
 
     /// The stack a [`stack_for::REPEAT`] stands for: the thread's last exit
@@ -579,6 +622,7 @@ impl UserStacks {
         // A copy whose record never came (its thread was woken again, or
         // the record was lost) goes with its stack.
         self.waker_copies.retain(|_, id| ids.contains_key(id));
+        self.exit_copies.retain(|_, id| ids.contains_key(id));
     }
 
     /// Records waiting for a stack now.
@@ -610,185 +654,6 @@ impl UserStacks {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
-
-    /// The stacks of a thread still asleep (its interval is open): user
-    /// and kernel stack ids. Neither was taken by the kernel yet (they are
-    /// taken at the switch-in or the system call's exit): the user stack is
-    /// unwound from its registers (saved at the switch-out, or read from
-    /// `/proc/PID/task/TID/syscall`) and its memory, the kernel stack read
-    /// from `/proc/PID/task/TID/stack`. A blocked thread's stacks do not
-    /// change while it sleeps; both are read once per interval.
-    ///
-    /// What the probes would do at its switch-in is done here too, so an
-    /// open interval costs what a closed one does (in `slotprof run` every
-    /// slot's end finds dozens of threads asleep): an interruptible sleep
-    /// in a wait system call gets that call's one-frame kernel stack, not a
-    /// `/proc` walk, and a thread asleep at the instruction and stack
-    /// pointer of its last exit copy gets that copy's stack (as
-    /// `stack_for::REPEAT` would), not a read of its memory.
-    pub fn of_sleeper(&mut self, pid: u32, tid: u32, start: &OffCpuStart) -> (i32, i32) {
-        if let Some(&(s, ids)) = self.sleepers.get(&tid) {
-            if s == start.start_ns {
-                return ids;
-            }
-        }
-        let mut user = start.user_stack_id;
-        let mut kernel = start.kernel_stack_id;
-        let syscall = if start.user_sp == 0 && (user < 0 || kernel == KERNEL_STACK_AT_SWITCH_IN) {
-            proc_syscall_regs(pid, tid)
-        } else {
-            None
-        };
-        if user < 0 {
-            let (mut ip, mut sp, bp) = (start.user_ip, start.user_sp, start.user_bp);
-            if sp == 0 {
-                (ip, sp) = syscall.map_or((0, 0), |s| (s.ip, s.sp));
-            }
-            // /proc gives no bp: the instruction and stack pointers decide.
-            if let Some(id) = self.last_exit_copy(tid, ip, sp, None) {
-                self.sources.sleepers_repeated += 1;
-                user = id;
-            } else {
-                // Its registers as it left user space, its stack as it is now.
-                let mut stack = vec![0u8; profiler_ebpf::USER_STACK_BYTES];
-                let n = if sp != 0 {
-                    symbolizer::unwind::read_memory(pid, sp, &mut stack)
-                } else {
-                    0
-                };
-                if n > 0 {
-                    stack.truncate(n);
-                    user = self.unwind(pid, ip, sp, bp, &stack).0;
-                }
-            }
-        }
-        if kernel == KERNEL_STACK_AT_SWITCH_IN {
-            match syscall {
-                Some(s) if sleeps_interruptible(start.state) && is_wait_syscall(s.nr) => {
-                    kernel = KERNEL_STACK_SYSCALL_WAIT - s.nr;
-                }
-                _ => {
-                    if let Some(frames) = self.kallsyms.sleeping_stack(pid, tid) {
-                        kernel = self.intern(frames);
-                    }
-                }
-            }
-        }
-        if self.sleepers.len() >= 65_536 {
-            self.sleepers.clear();
-        }
-        self.sleepers.insert(tid, (start.start_ns, (user, kernel)));
-        (user, kernel)
-    }
-}
-
-/// Where a thread blocked in a system call is: the call, and its user
-/// instruction and stack pointers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct SyscallRegs {
-    nr: i32,
-    ip: u64,
-    sp: u64,
-}
-
-/// [`SyscallRegs`] from `/proc/PID/task/TID/syscall` ("nr args... sp pc").
-fn proc_syscall_regs(pid: u32, tid: u32) -> Option<SyscallRegs> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    parse_proc_syscall(&text)
-}
-
-fn parse_proc_syscall(text: &str) -> Option<SyscallRegs> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    // "running", or "-1 sp pc" for a thread blocked outside a system call.
-    if words.len() != 9 || words[0].starts_with('-') {
-        return None;
-    }
-    let hex = |w: &str| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok();
-    Some(SyscallRegs {
-        nr: words[0].parse().ok()?,
-        ip: hex(words[8])?,
-        sp: hex(words[7])?,
-    })
-}
-
-/// Kernel stacks of sleeping threads from `/proc/PID/task/TID/stack`,
-/// which names frames (`func+0xoff/0xsize`) but hides addresses: names are
-/// turned back into addresses with `/proc/kallsyms`, read again only for
-/// names not seen yet (and at most every 10 s), keeping just those.
-#[derive(Default)]
-pub struct SleeperKernelStacks {
-    addrs: HashMap<String, u64>,
-    /// Names a scan did not find (not in kallsyms): not scanned for again,
-    /// else every such stack read all of `/proc/kallsyms` every 10 s.
-    absent: std::collections::HashSet<String>,
-    last_scan: Option<Instant>,
-}
-
-impl SleeperKernelStacks {
-    fn sleeping_stack(&mut self, pid: u32, tid: u32) -> Option<Vec<u64>> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stack")).ok()?;
-        let frames = parse_proc_stack(&text);
-        if frames.is_empty() {
-            return None;
-        }
-        let missing: Vec<&str> = frames
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| !self.addrs.contains_key(*n) && !self.absent.contains(*n))
-            .collect();
-        if !missing.is_empty()
-            && self
-                .last_scan
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
-        {
-            self.last_scan = Some(Instant::now());
-            if let Ok(f) = std::fs::File::open("/proc/kallsyms") {
-                use std::io::BufRead;
-                let wanted: std::collections::HashSet<&str> = missing.into_iter().collect();
-                for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-                    let mut w = line.split_whitespace();
-                    let (Some(a), Some(_), Some(name)) = (w.next(), w.next(), w.next()) else {
-                        continue;
-                    };
-                    if wanted.contains(name) {
-                        if let Ok(a) = u64::from_str_radix(a, 16) {
-                            if a != 0 {
-                                self.addrs.entry(name.to_string()).or_insert(a);
-                            }
-                        }
-                    }
-                }
-                if self.absent.len() >= 4096 {
-                    self.absent.clear();
-                }
-                for name in wanted {
-                    if !self.addrs.contains_key(name) {
-                        self.absent.insert(name.to_string());
-                    }
-                }
-            }
-        }
-        let ips: Vec<u64> = frames
-            .iter()
-            .filter_map(|(n, off)| self.addrs.get(n).map(|a| a + off))
-            .collect();
-        (ips.len() == frames.len()).then_some(ips)
-    }
-}
-
-/// `[<0>] futex_wait_queue+0x60/0x90` lines: (name, offset), leaf first.
-fn parse_proc_stack(text: &str) -> Vec<(String, u64)> {
-    text.lines()
-        .filter_map(|l| {
-            let f = l.split_once("] ")?.1.split_whitespace().next()?;
-            let (name, rest) = f.split_once('+')?;
-            let off = rest.split_once('/')?.0;
-            Some((
-                name.to_string(),
-                u64::from_str_radix(off.strip_prefix("0x")?, 16).ok()?,
-            ))
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -913,6 +778,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let p2 = pair.clone();
         let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
             tx.send(unsafe { libc::gettid() } as u32).unwrap();
             let (m, c) = &*p2;
             let mut done = m.lock().unwrap();
@@ -1066,6 +932,64 @@ mod tests {
         assert_eq!((user_id(&out[2]), user_id(&out[3])), (not_taken, not_taken));
         assert_eq!(u.sources.exit_repeats_missing, 2);
         assert_eq!(u.sources.offcpu_not_taken, 2);
+    }
+
+    /// A fold record of `tid` at the registers `(ip, sp, bp)`.
+    fn fold_rec(tid: u32, ip: u64, sp: u64, bp: u64) -> Vec<u8> {
+        crate::kernel::events::bytes_of(&profiler_ebpf::OffCpuFold {
+            kind: EventKind::OffCpuFold as u32,
+            cpu: 0,
+            first_start_ns: 10,
+            last_end_ns: 90,
+            tgid: 999_999_999,
+            tid,
+            offcpu_ns: 50,
+            runnable_ns: 0,
+            intervals: 5,
+            kernel_stack_id: KERNEL_STACK_SYSCALL_WAIT - 202,
+            user_stack_id: USER_STACK_AT_EXIT_COPY,
+            state: 1,
+            ip,
+            sp,
+            bp,
+            comm: [0; COMM_LEN],
+        })
+    }
+
+    /// Folded waits get the stack of the thread's exit copy taken at
+    /// their registers, even after a later copy elsewhere; at registers
+    /// with no copy, or of a thread with none, no stack (counted).
+    #[test]
+    fn a_fold_gets_the_exit_copy_taken_at_its_registers() {
+        let mut u = UserStacks::default();
+        let mut out = Vec::new();
+        interval_then(
+            &mut u,
+            7,
+            100,
+            stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[0; 64]),
+            &mut out,
+        );
+        let copy = user_id(&out[0]);
+        assert!(is_unwound(copy));
+        // A later exit copy at another stack pointer.
+        let mut other = stack_rec(7, stack_for::SYSCALL_EXIT, 0, &[2; 64]);
+        other[32..40].copy_from_slice(&0x7000_4000u64.to_ne_bytes());
+        interval_then(&mut u, 7, 200, other, &mut out);
+        let folded = |u: &mut UserStacks, rec: Vec<u8>| {
+            let mut got = Vec::new();
+            u.feed(&rec, &mut |e| got.push(e)).unwrap();
+            match got[..] {
+                [Event::OffCpuFold(f)] => f.user_stack_id,
+                _ => panic!("{got:?}"),
+            }
+        };
+        assert_eq!(folded(&mut u, fold_rec(7, 0x1000, 0x7000_0000, 0)), copy);
+        let not_taken = u.not_taken();
+        assert_eq!(folded(&mut u, fold_rec(7, 0x1000, 0x7000_8000, 0)), not_taken);
+        assert_eq!(folded(&mut u, fold_rec(8, 0x1000, 0x7000_0000, 0)), not_taken);
+        assert_eq!((u.sources.folds, u.sources.folds_missing), (3, 2));
+        assert_eq!(u.held(), 0, "a fold waits for nothing");
     }
 
     #[test]
