@@ -475,22 +475,20 @@ impl Probes {
     /// Every thread's folded waits not sent yet (see
     /// `profiler_ebpf::FoldState`): (tid, tgid, the fold).
     pub fn pending_folds(&self) -> Vec<(u32, u32, FoldState)> {
-        let Some(map) = self.ebpf.map(map::OFFCPU_START) else {
-            return Vec::new();
-        };
-        let Ok(starts) = BpfHashMap::<_, u32, Start>::try_from(map) else {
-            return Vec::new();
-        };
-        starts
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, s)| s.0.fold.intervals != 0)
-            .map(|(tid, s)| (tid, s.0.tgid, s.0.fold))
+        self.thread_entries(|s| s.fold.intervals != 0)
+            .into_iter()
+            .map(|(tid, s)| (tid, s.tgid, s.fold))
             .collect()
     }
 
     /// Threads that are off-CPU right now, with where they went off.
     pub fn in_flight_offcpu(&self) -> Vec<(u32, OffCpuStart)> {
+        // (Entries of threads on a CPU have no start.)
+        self.thread_entries(|s| s.start_ns != 0)
+    }
+
+    /// The target's threads' entries (`OFFCPU_START`) that `keep` keeps.
+    fn thread_entries(&self, keep: impl Fn(&OffCpuStart) -> bool) -> Vec<(u32, OffCpuStart)> {
         let Some(map) = self.ebpf.map(map::OFFCPU_START) else {
             return Vec::new();
         };
@@ -500,7 +498,7 @@ impl Probes {
         starts
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, s)| s.0.start_ns != 0) // entries of threads on a CPU
+            .filter(|(_, s)| keep(&s.0))
             .map(|(tid, s)| (tid, s.0))
             .collect()
     }
