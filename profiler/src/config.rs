@@ -174,7 +174,7 @@ impl Default for PhaseSection {
     fn default() -> Self {
         Self {
             enabled: true,
-            every: "100ms".into(),
+            every: "500ms".into(),
             burst: "1ms".into(),
             cpus: Cpus::Word("all".into()),
         }
@@ -452,7 +452,7 @@ mod tests {
         let p = c.spec.phase_probe.unwrap();
         assert_eq!(
             (p.every, p.burst, p.cpus),
-            (Duration::from_millis(100), Duration::from_millis(1), None)
+            (Duration::from_millis(500), Duration::from_millis(1), None)
         );
         // Only the target is required.
         let minimal = Config::parse("[target]\npid = 7\n").unwrap();

@@ -186,6 +186,44 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Appends `bytes` to `path`, a regular file of slotprof's own (created
+/// when missing), whole or not at all. Every other export file is written
+/// to a temporary file and renamed over; this one is appended in place,
+/// so (issue 42) a symbolic link there is refused (O_NOFOLLOW: case 2, a
+/// link to a root-owned file was followed and appended to), so is a file
+/// with other names (a hard link planted to a file outside), and a write
+/// that fails part-way (a full disk: case 7, a torn line later glued to
+/// the next record) is cut back to where it began.
+pub fn append_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot append to {} (a symbolic link there is refused)",
+                path.display()
+            )
+        })?;
+    let m = f.metadata()?;
+    anyhow::ensure!(
+        m.is_file() && m.nlink() == 1,
+        "{}: not slotprof's own file (a {} with {} names): not appended to; remove it to have it written again",
+        path.display(),
+        if m.is_file() { "regular file" } else { "special file" },
+        m.nlink()
+    );
+    let before = m.len();
+    if let Err(e) = f.write_all(bytes) {
+        let _ = f.set_len(before);
+        return Err(anyhow::Error::new(e).context(format!("cannot append to {}", path.display())));
+    }
+    Ok(())
+}
+
 /// `YYYY-MM-DDTHH` (UTC) of a Unix time.
 pub fn hour_name(unix_s: i64) -> String {
     let days = unix_s.div_euclid(86_400);

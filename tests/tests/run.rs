@@ -100,11 +100,18 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
         .filter(|l| l.starts_with("slots/"))
         .collect();
     assert!(!links.is_empty(), "no slot links in the index");
-    for link in links
-        .iter()
-        .filter(|l| l.ends_with(".svg"))
-        .take(2)
-        .chain(links.iter().filter(|l| l.ends_with(".json")).take(1))
+    // A slot with findings has its flamegraphs on disk; one without has
+    // them drawn by the server from its .folded when asked (`run` does not
+    // draw two SVGs for every slot of a node that leads often).
+    let svgs: Vec<&&str> = links.iter().filter(|l| l.ends_with(".svg")).collect();
+    let drawn = svgs.iter().find(|l| export.join(l).is_file());
+    let undrawn = svgs.iter().find(|l| !export.join(l).exists());
+    let (Some(drawn), Some(undrawn)) = (drawn, undrawn) else {
+        panic!("expected flamegraphs both on disk (slots with findings) and drawn on request (leader slots without): {svgs:?}");
+    };
+    for link in [**drawn]
+        .into_iter()
+        .chain(links.iter().filter(|l| l.ends_with(".json")).take(1).copied())
     {
         let served = http_get(metrics, &format!("/{link}"));
         let on_disk = std::fs::read_to_string(export.join(link)).unwrap_or_default();
@@ -114,6 +121,18 @@ fn always_on_exports_each_slot_as_it_ends_with_findings_and_metrics() {
             "/{link} over HTTP and on disk differ"
         );
     }
+    let folded = export.join(undrawn.replace(".svg", ".folded"));
+    assert!(
+        folded.is_file(),
+        "{} is not there to draw {undrawn} from",
+        folded.display()
+    );
+    let served = http_get(metrics, &format!("/{undrawn}"));
+    assert!(
+        served.contains("<svg") && served.trim_end().ends_with("</svg>"),
+        "/{undrawn} was not drawn on request: {}",
+        &served[..served.len().min(300)]
+    );
     let (status, said) = daemon.stop();
     assert!(status.success(), "slotprof run exited with {status}");
 

@@ -669,44 +669,6 @@ fn a_kernel_thread_target_is_said_to_have_no_user_space() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Per thread (the folded stack's root) and per stack: off-CPU time in
-/// the slots `numbers` of the session in `out`.
-fn offcpu_in_slots(
-    out: &std::path::Path,
-    numbers: &[u64],
-) -> (
-    std::collections::BTreeMap<String, u64>,
-    std::collections::BTreeMap<String, u64>,
-) {
-    let (mut threads, mut stacks) = (
-        std::collections::BTreeMap::new(),
-        std::collections::BTreeMap::new(),
-    );
-    for n in numbers {
-        let f = out.join("slots").join(n.to_string()).join("offcpu.folded");
-        if !f.exists() {
-            continue;
-        }
-        for (stack, v) in read_folded(&f).iter() {
-            let thread = stack.split(';').next().unwrap_or("").to_string();
-            *threads.entry(thread).or_insert(0) += v;
-            *stacks.entry(stack.to_string()).or_insert(0) += v;
-        }
-    }
-    (threads, stacks)
-}
-
-/// The slot numbers a session wrote.
-fn slot_numbers(out: &std::path::Path) -> std::collections::BTreeSet<u64> {
-    std::fs::read_dir(out.join("slots"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `--offcpu folded` (the default) against `--offcpu exact` on the same
 /// run: two sessions on one process at once, their slots cut on one
 /// clock. Over the slots both covered whole (each session's first and

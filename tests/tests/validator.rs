@@ -1076,6 +1076,131 @@ fn a_cpu_hog_on_the_poh_core_is_a_gap_waiting_for_a_cpu_in_the_slot_it_hit() {
     );
 }
 
+/// `--offcpu folded` (the default) against `--offcpu exact` on the real
+/// node under load: two 40 s attaches at once, both with the RPC slot
+/// source (the same slots). Over the slots both covered whole (each
+/// side's first and last two left out): each thread name with at least
+/// 1 s off-CPU within 2%, every stack with 1% or more of its thread's
+/// time within 10%, and the share of the node's waits that folded.
+/// Long (two sessions' probes on the node): `sudo cargo xtask validator
+/// --test`.
+#[test]
+#[ignore = "needs root and BTF: run `sudo cargo xtask validator --test`"]
+fn folded_off_cpu_time_matches_exact_on_the_real_node() {
+    if std::env::var_os("SLOTPROF_VALIDATOR_LONG").is_none() {
+        skip(
+            Need::Elsewhere,
+            "two sessions' probes on the node at once; `sudo cargo xtask test --full` or `sudo cargo xtask validator --test` runs it",
+        );
+        return;
+    }
+    let Some(_k) = kernel() else { return };
+    let Some(node) = node() else { return };
+    let load_dir = private_dir("modes-load");
+    let load =
+        Load::start(&node, LOAD_RATE, 60, &load_dir.join("report.json")).unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(5));
+    let dir = private_dir("modes");
+    let pid = node.pid().to_string();
+    let source = format!("rpc={}", node.rpc_url());
+    let session = |mode: &str| {
+        let out = dir.join(mode);
+        let child = std::process::Command::new(slotprof())
+            .args(["attach", "--pid", &pid, "--duration", "40s", "--offcpu", mode])
+            .args(["--slot-source", &source, "--out"])
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        (out, child)
+    };
+    let (exact_out, exact) = session("exact");
+    let (folded_out, folded) = session("folded");
+    for (mode, child) in [("exact", exact), ("folded", folded)] {
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "the {mode} session failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = load.finish();
+    let both: Vec<u64> = slot_numbers(&exact_out)
+        .intersection(&slot_numbers(&folded_out))
+        .copied()
+        .collect();
+    assert!(both.len() > 20, "too few slots in both sessions: {both:?}");
+    let window = &both[2..both.len() - 2];
+    let (e_threads, e_stacks) = offcpu_in_slots(&exact_out, window);
+    let (f_threads, f_stacks) = offcpu_in_slots(&folded_out, window);
+    let test = "folded_off_cpu_time_matches_exact_on_the_real_node";
+    let mut bad = Vec::new();
+    let mut compared = 0;
+    for (thread, &e) in e_threads.iter().filter(|(_, &e)| e >= 1_000_000_000) {
+        compared += 1;
+        let f = f_threads.get(thread).copied().unwrap_or(0);
+        let off = (f as f64 - e as f64).abs() / e as f64;
+        if off > 0.02 {
+            bad.push(format!(
+                "{thread}: {:.1} ms folded, {:.1} ms exact ({:.2}%)",
+                f as f64 / 1e6,
+                e as f64 / 1e6,
+                off * 100.0
+            ));
+        }
+    }
+    let mut stacks_compared = 0;
+    let mut worst = 0.0f64;
+    for (stack, &e) in &e_stacks {
+        let thread = stack.split(';').next().unwrap_or("");
+        let of_thread = e_threads.get(thread).copied().unwrap_or(0);
+        if of_thread < 1_000_000_000 || (e as f64) < 0.01 * of_thread as f64 {
+            continue;
+        }
+        stacks_compared += 1;
+        let f = f_stacks.get(stack).copied().unwrap_or(0);
+        let off = (f as f64 - e as f64).abs() / e as f64;
+        worst = worst.max(off);
+        if off > 0.10 {
+            bad.push(format!(
+                "{stack}: {:.1} ms folded, {:.1} ms exact ({:.1}%)",
+                f as f64 / 1e6,
+                e as f64 / 1e6,
+                off * 100.0
+            ));
+        }
+    }
+    let folded_summary = read_json(&folded_out.join("summary.json"));
+    let c = &folded_summary["counts"];
+    let (waits, intervals) = (
+        c["offcpu_folded"].as_u64().unwrap_or(0),
+        c["offcpu_intervals"].as_u64().unwrap_or(0),
+    );
+    row(
+        test,
+        "threads (>= 1 s off-CPU) within 2%, stacks (>= 1% of their thread) within 10%",
+        &format!(
+            "{} of {compared} threads and {stacks_compared} stacks off (worst stack {:.1}%) over {} slots; {waits} waits folded, {intervals} intervals sent",
+            bad.len(),
+            worst * 100.0,
+            window.len()
+        ),
+        "none off",
+        bad.is_empty() && compared > 0,
+    );
+    assert!(
+        compared > 0,
+        "no thread with 1 s off-CPU in {} slots",
+        window.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "folded differs from exact on the real node: {bad:#?}"
+    );
+    assert!(waits > 0, "nothing folded on the real node: {c}");
+}
+
 /// The target on a healthy idle node, over 10 minutes: at most 1
 /// finding per 100 slots, each listed with its stack. Long: run by
 /// `sudo cargo xtask validator --test`, not by `cargo xtask test`.

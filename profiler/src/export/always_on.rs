@@ -11,9 +11,12 @@
 //! are synced.
 //!
 //! Layout under the export directory:
-//! - `slots/<n>/`: oncpu/offcpu .folded and .svg, profile.pb.gz, slot.json
-//!   (slots with findings and leader slots, per `export.full`);
-//! - `windows/<first>/`: a leader window's four slots together;
+//! - `slots/<n>/`: oncpu/offcpu .folded, profile.pb.gz, slot.json (slots
+//!   with findings and leader slots, per `export.full`), and the .svg
+//!   flamegraphs of a slot with findings; the others' are drawn from the
+//!   .folded when the server (`metrics.listen`) is asked for them;
+//! - `windows/<first>/`: a leader window's four slots together (its SVGs
+//!   drawn as a slot's are);
 //! - `hours/<YYYY-MM-DDTHH>/`: that hour's profiles (every slot) and
 //!   slots.jsonl, one summary line per slot (every slot, exported or not);
 //! - `findings.json` (the latest 1,000 findings), `index.html` (the latest
@@ -21,7 +24,6 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    io::Write,
     path::{Path, PathBuf},
     time::{Duration, SystemTime},
 };
@@ -32,9 +34,9 @@ use flamegraphs::{pprof::ProfileMeta, FoldedSum};
 use super::{SlotExport, SlotResult};
 use crate::{
     detectors::Finding,
-    export::report::{write_profiles, write_profiles_with, Parts, SlotLabels, WindowSlots},
+    export::report::{write_profiles, write_profiles_with, Draw, Parts, SlotLabels, WindowSlots},
     export::slot_export::{index_html, merged, summarize, window_json, SlotSummary},
-    output::write_atomic,
+    output::{append_whole, write_atomic},
     pipeline::aggregate::Profiles,
     slots::Slot,
 };
@@ -45,6 +47,8 @@ use crate::{
 const RECENT_FINDINGS: usize = 1_000;
 /// Fully exported slots listed in the index.
 const RECENT_SLOTS: usize = 300;
+/// Threads of each listed slot kept for the index (its busiest).
+const INDEX_THREADS: usize = 3;
 /// How often the index, findings.json and the current hour are rewritten.
 const REWRITE_EVERY: Duration = Duration::from_secs(5);
 const HOUR_REWRITE_EVERY: Duration = Duration::from_secs(300);
@@ -403,12 +407,13 @@ impl Exporter {
         parts: Parts<'_>,
         meta: &ProfileMeta,
         subtitle: &str,
+        draw: Draw,
         json: (&str, &[u8]),
     ) -> anyhow::Result<()> {
         let tmp =
             crate::output::temp_dir_beside(dir).with_context(|| format!("cannot write {}", dir.display()))?;
         let result = (|| {
-            write_profiles_with(&tmp, p, parts, meta, subtitle, crate::output::write_new)?;
+            write_profiles_with(&tmp, p, parts, meta, subtitle, draw, crate::output::write_new)?;
             crate::output::write_new(&tmp.join(json.0), json.1)?;
             if dir.exists() {
                 std::fs::remove_dir_all(dir)?;
@@ -425,7 +430,7 @@ impl Exporter {
     /// Exports one processed slot: in full or as a summary line, by policy.
     pub fn export(&mut self, r: &SlotResult<'_>) -> anyhow::Result<Exported> {
         let (slot, p, meta) = (r.slot, r.profiles, r.meta);
-        let summary = summarize(r);
+        let mut summary = summarize(r);
         let full = match self.policy {
             FullExport::All => true,
             FullExport::Findings => !summary.findings.is_empty(),
@@ -457,12 +462,21 @@ impl Exporter {
             slot.number,
             if slot.leader { " (leader)" } else { "" }
         );
+        // A slot with findings is the one an operator opens: its
+        // flamegraphs are drawn now; the others' when the server is asked.
+        let draw = if summary.findings.is_empty() {
+            Draw::OnRequest
+        } else {
+            Draw::Now
+        };
+        summary.flamegraphs_on_request = draw == Draw::OnRequest;
         let written = Self::write_dir(
             &dir,
             p,
             Parts::Slot(&labels),
             meta,
             &sub,
+            draw,
             ("slot.json", &serde_json::to_vec_pretty(&summary)?),
         );
         if !self.attempt(written) {
@@ -473,6 +487,11 @@ impl Exporter {
         if self.recent.len() == RECENT_SLOTS {
             self.recent.pop_front();
         }
+        // The index shows a slot's three busiest threads (on-CPU first);
+        // slot.json has them all. A node's 166 threads in each of 300
+        // listed slots were 3 MB held for nothing.
+        summary.threads.truncate(INDEX_THREADS);
+        summary.threads.shrink_to_fit();
         self.recent.push_back(summary);
         self.dirty = true;
         self.enforce_retention(Some(&dir));
@@ -543,6 +562,7 @@ impl Exporter {
             Parts::Window(&each),
             meta,
             &format!("leader window {numbers:?}"),
+            if findings { Draw::Now } else { Draw::OnRequest },
             ("window.json", &serde_json::to_vec_pretty(&json)?),
         )?;
         self.record(dir.clone());
@@ -756,44 +776,6 @@ fn last_line_number(path: &Path) -> Option<u64> {
     f.take(64 << 10).read_to_end(&mut tail).ok()?;
     let text = String::from_utf8_lossy(&tail);
     text.lines().rev().find_map(line_number)
-}
-
-/// Appends `bytes` to `path`, a regular file of slotprof's own (created
-/// when missing), whole or not at all. Every other export file is written
-/// to a temporary file and renamed over; this one is appended in place,
-/// so (issue 42) a symbolic link there is refused (O_NOFOLLOW: case 2, a
-/// link to a root-owned file was followed and appended to), so is a file
-/// with other names (a hard link planted to a file outside), and a write
-/// that fails part-way (a full disk: case 7, a torn line later glued to
-/// the next record) is cut back to where it began.
-fn append_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "cannot append to {} (a symbolic link there is refused)",
-                path.display()
-            )
-        })?;
-    let m = f.metadata()?;
-    anyhow::ensure!(
-        m.is_file() && m.nlink() == 1,
-        "{}: not slotprof's own file (a {} with {} names): not appended to; remove it to have it written again",
-        path.display(),
-        if m.is_file() { "regular file" } else { "special file" },
-        m.nlink()
-    );
-    let before = m.len();
-    if let Err(e) = f.write_all(bytes) {
-        let _ = f.set_len(before);
-        return Err(anyhow::Error::new(e).context(format!("cannot append to {}", path.display())));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1051,6 +1033,82 @@ mod ledger_tests {
         };
         assert_eq!(names("windows"), ["4"]);
         assert_eq!(names("slots"), ["5"]);
+    }
+
+    /// A slot with findings gets its SVGs drawn; a leader slot without
+    /// gets only its .folded (drawn by the server when asked), says so in
+    /// slot.json, and is marked in the index; windows follow their slots.
+    #[test]
+    fn only_slots_and_windows_with_findings_get_their_flamegraphs_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, meta) = exporter_in(dir.path(), "findings-and-leader");
+        for n in 0..8u64 {
+            let mut p = Profiles::default();
+            p.oncpu.add(["main", "f"], 1);
+            p.offcpu.add(["main", "wait"], 1_000);
+            let slot = Slot {
+                number: n,
+                start_ns: n * 400_000_000,
+                end_ns: (n + 1) * 400_000_000,
+                leader: true,
+                window: Some(n - n % 4),
+                aligned: true,
+            };
+            let findings = if n == 1 {
+                vec![Finding {
+                    kind: crate::detectors::FindingKind::LockContention,
+                    slot: Some(1),
+                    pid: 1,
+                    tid: 1,
+                    thread: "t".into(),
+                    start_ns: slot.start_ns,
+                    duration_ns: 1,
+                    magnitudes: Default::default(),
+                    cause: None,
+                    stack: vec![],
+                    waker_stack: vec![],
+                    ran_instead: Vec::new(),
+                    explanation: String::new(),
+                    advice: String::new(),
+                }]
+            } else {
+                vec![]
+            };
+            e.export(&result(&slot, &p, &findings, &meta)).unwrap();
+        }
+        e.flush(&meta).unwrap();
+        let d = dir.path();
+        for (sub, drawn) in [
+            ("slots/1", true),
+            ("slots/2", false),
+            ("windows/0", true),
+            ("windows/4", false),
+        ] {
+            for kind in ["oncpu", "offcpu"] {
+                assert!(
+                    d.join(sub).join(format!("{kind}.folded")).is_file(),
+                    "{sub}: no {kind}.folded"
+                );
+                assert_eq!(
+                    d.join(sub).join(format!("{kind}.svg")).is_file(),
+                    drawn,
+                    "{sub}: {kind}.svg drawn should be {drawn}"
+                );
+            }
+        }
+        let json = |n: u64| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(d.join(format!("slots/{n}/slot.json"))).unwrap()).unwrap()
+        };
+        assert_eq!(json(2)["flamegraphs_on_request"], true);
+        assert!(json(1).get("flamegraphs_on_request").is_none());
+        let index = std::fs::read_to_string(d.join("index.html")).unwrap();
+        assert_eq!(
+            index
+                .matches("drawn by slotprof's server when opened from it")
+                .count(),
+            7
+        );
+        assert!(index.contains("Flamegraphs drawn on request"));
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! The Prometheus endpoint of `slotprof run`: text exposition format 0.0.4
 //! on hyper's HTTP/1.1 server. GET /metrics; GET / is the export's
 //! index.html, and every file of the export it links to is served
-//! read-only (`/slots/N/oncpu.svg`, ...). Loopback unless the
-//! configuration says otherwise.
+//! read-only (`/slots/N/oncpu.svg`, ...: [`super::served`]). Loopback
+//! unless the configuration says otherwise.
 
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -17,6 +16,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
+
+use super::served::{export_file, reply};
 
 /// Upper bounds (seconds) of the slot-duration histogram: around the 400 ms
 /// slot (going down to 250 ms), with room for slow ones.
@@ -573,8 +574,6 @@ pub const MAX_CONNECTIONS: usize = 32;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(3);
 /// A connection lasts at most this long (one request each).
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest file of the export served (slot files are ~1 MB).
-const MAX_FILE: u64 = 64 << 20;
 
 /// [`serve`] on a thread of its own ([`crate::background`]): /metrics
 /// answers while the session's loop is busy.
@@ -627,16 +626,6 @@ pub async fn serve(listener: TcpListener, state: Arc<Mutex<Snapshot>>, export_di
     }
 }
 
-fn reply(status: StatusCode, kind: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_str(kind).expect("a valid type"),
-    );
-    r
-}
-
 /// The answer to one request.
 fn answer<B>(req: &Request<B>, state: &Mutex<Snapshot>, export_dir: &Path) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -663,84 +652,6 @@ fn answer<B>(req: &Request<B>, state: &Mutex<Snapshot>, export_dir: &Path) -> Re
         "/" => export_file(export_dir, "index.html"),
         path => export_file(export_dir, path),
     }
-}
-
-/// A file of the export, by its path relative to the export directory:
-/// only plain names (no `..`, no hidden or temporary files, no symbolic
-/// links), only regular files, read-only.
-fn export_file(export_dir: &Path, path: &str) -> Response<Full<Bytes>> {
-    let not_found = |why: &str| {
-        reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            format!("{why}; try / (the index of the export) or /metrics\n"),
-        )
-    };
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let plain = |p: &&str| {
-        !p.is_empty()
-            && !p.starts_with('.')
-            && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    };
-    if parts.is_empty() || !parts.iter().all(plain) {
-        return not_found("not a file of the export");
-    }
-    let mut file = export_dir.to_path_buf();
-    for part in &parts {
-        file.push(part);
-        // No symbolic link anywhere below the export directory.
-        match std::fs::symlink_metadata(&file) {
-            Ok(m) if m.file_type().is_symlink() => return not_found("not a file of the export"),
-            Ok(_) => {}
-            Err(_) => return not_found("no such file in the export (yet, or any more)"),
-        }
-    }
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&file);
-    let mut f = match opened {
-        Ok(f) => f,
-        Err(_) => return not_found("no such file in the export (yet, or any more)"),
-    };
-    // Only a file with no other name: a hard link planted in the export
-    // to a file outside it (issue 42, case 9: /etc/shadow was served) has
-    // two; every file slotprof writes has one.
-    use std::os::unix::fs::MetadataExt;
-    match f.metadata() {
-        Ok(m) if m.is_file() && m.nlink() != 1 => return not_found("not a file of the export"),
-        Ok(m) if m.is_file() && m.len() <= MAX_FILE => {}
-        Ok(m) if m.is_file() => {
-            return reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "text/plain",
-                "larger than 64 MiB: read it on disk\n",
-            )
-        }
-        _ => return not_found("not a file of the export"),
-    }
-    let mut body = Vec::new();
-    use std::io::Read;
-    if (&mut f).take(MAX_FILE).read_to_end(&mut body).is_err() {
-        return reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain",
-            "cannot read that file\n",
-        );
-    }
-    let name = parts.last().copied().unwrap_or("");
-    let kind = match name.rsplit_once('.').map_or("", |(_, e)| e) {
-        "html" => "text/html; charset=utf-8",
-        "svg" => "image/svg+xml",
-        "json" => "application/json",
-        "jsonl" => "application/x-ndjson",
-        "csv" => "text/csv",
-        "folded" | "txt" => "text/plain; charset=utf-8",
-        "gz" => "application/gzip",
-        _ => "application/octet-stream",
-    };
-    reply(StatusCode::OK, kind, body)
 }
 
 #[cfg(test)]
@@ -962,6 +873,33 @@ mod tests {
                 "{bad}: {r}"
             );
         }
+        // A slot `run` left undrawn: its flamegraph drawn from its .folded
+        // when asked, and not kept.
+        std::fs::create_dir_all(dir.join("slots/8")).unwrap();
+        std::fs::write(
+            dir.join("slots/8/oncpu.folded"),
+            "solReplayStage;solana::replay 7\n",
+        )
+        .unwrap();
+        let drawn = get("/slots/8/oncpu.svg").await;
+        assert!(drawn.starts_with("HTTP/1.1 200 OK"), "{drawn}");
+        assert!(
+            drawn.contains("<svg") && drawn.contains("solana::replay") && drawn.contains("slot 8"),
+            "{drawn}"
+        );
+        assert!(!dir.join("slots/8/oncpu.svg").exists());
+        // No .folded, or one that is a link out of the export: nothing drawn.
+        assert!(get("/slots/8/offcpu.svg").await.starts_with("HTTP/1.1 404"));
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("slots/7/offcpu.folded")).unwrap();
+        let linked = get("/slots/7/offcpu.svg").await;
+        assert!(linked.starts_with("HTTP/1.1 404"), "{linked}");
+        // Not folded stacks: an error that says what to open instead.
+        std::fs::write(dir.join("slots/8/offcpu.folded"), "no count here\n").unwrap();
+        let bad = get("/slots/8/offcpu.svg").await;
+        assert!(
+            bad.starts_with("HTTP/1.1 500") && bad.contains("inferno-flamegraph"),
+            "{bad}"
+        );
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         c.write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
             .await

@@ -2,7 +2,8 @@
 //! SVG, pprof, summary.json; [`slot_export`]: per-slot and per-window
 //! directories, trace.json, index.html), the always-on export directory
 //! with its hourly profiles and retention ([`always_on`]), the Prometheus
-//! endpoint ([`metrics`]) and pushing to a profiling backend ([`push`]:
+//! endpoint ([`metrics`]) with the export's files beside it ([`served`]:
+//! flamegraphs `run` left undrawn are drawn there) and pushing to a profiling backend ([`push`]:
 //! Pyroscope, OTLP).
 //!
 //! Every exporter of slots takes them the same way, through
@@ -18,6 +19,7 @@ pub mod always_on;
 pub mod metrics;
 pub mod push;
 pub mod report;
+pub mod served;
 pub mod slot_export;
 pub mod timeline_page;
 

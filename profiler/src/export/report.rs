@@ -612,7 +612,32 @@ pub fn write_profiles(
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create output directory {}", dir.display()))?;
-    write_profiles_with(dir, p, parts, meta, subtitle, write_atomic)
+    write_profiles_with(dir, p, parts, meta, subtitle, Draw::Now, write_atomic)
+}
+
+/// Whether the flamegraph SVGs are drawn with the rest, or left for
+/// whoever opens them: `slotprof run` draws those of slots without
+/// findings only when its server is asked for them (from the `.folded`
+/// beside them), not for every slot of a node that leads often.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draw {
+    Now,
+    OnRequest,
+}
+
+/// The flamegraph of a profile's on-CPU samples or its off-CPU time.
+pub fn flame_options(offcpu: bool, subtitle: Option<&str>) -> SvgOptions {
+    let (title, count_name, palette) = if offcpu {
+        ("Off-CPU", "ns", "io")
+    } else {
+        ("On-CPU", "samples", "rust")
+    };
+    SvgOptions {
+        title: title.into(),
+        subtitle: subtitle.map(str::to_string),
+        count_name: count_name.into(),
+        palette: palette.into(),
+    }
 }
 
 /// [`write_profiles`] into `dir`, each file through `write` (a new,
@@ -624,10 +649,11 @@ pub fn write_profiles_with(
     parts: Parts<'_>,
     meta: &ProfileMeta,
     subtitle: &str,
+    draw: Draw,
     write: fn(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    for (path, result) in write_profiles_each(dir, p, parts, meta, subtitle, write) {
+    for (path, result) in write_profiles_each(dir, p, parts, meta, subtitle, draw, write) {
         result?;
         written.push(path);
     }
@@ -643,6 +669,7 @@ pub fn write_profiles_each(
     parts: Parts<'_>,
     meta: &ProfileMeta,
     subtitle: &str,
+    draw: Draw,
     write: fn(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> Vec<(PathBuf, anyhow::Result<()>)> {
     let mut done = Vec::new();
@@ -652,21 +679,19 @@ pub fn write_profiles_each(
         done.push((path, result));
     };
     put("oncpu.folded", Ok(p.oncpu.to_text().into_bytes()));
-    let on = SvgOptions {
-        title: "On-CPU".into(),
-        subtitle: Some(subtitle.to_string()),
-        count_name: "samples".into(),
-        palette: "rust".into(),
-    };
-    put("oncpu.svg", svg::render(&p.oncpu, &on));
+    if draw == Draw::Now {
+        put(
+            "oncpu.svg",
+            svg::render(&p.oncpu, &flame_options(false, Some(subtitle))),
+        );
+    }
     put("offcpu.folded", Ok(p.offcpu.to_text().into_bytes()));
-    let off = SvgOptions {
-        title: "Off-CPU".into(),
-        subtitle: Some(subtitle.to_string()),
-        count_name: "ns".into(),
-        palette: "io".into(),
-    };
-    put("offcpu.svg", svg::render(&p.offcpu, &off));
+    if draw == Draw::Now {
+        put(
+            "offcpu.svg",
+            svg::render(&p.offcpu, &flame_options(true, Some(subtitle))),
+        );
+    }
     if !matches!(parts, Parts::None) {
         put(
             "profile.pb.gz",

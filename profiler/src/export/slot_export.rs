@@ -37,6 +37,10 @@ pub struct SlotSummary {
     /// the target's cgroup's (cgroup v2), when the kernel has PSI.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_pressure: Option<crate::kernel::psi::SlotPressure>,
+    /// The flamegraph SVGs are not on disk: `slotprof run`'s server draws
+    /// them from the `.folded` files when asked (slots without findings).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub flamegraphs_on_request: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,6 +94,7 @@ pub(crate) fn summarize(r: &SlotResult<'_>) -> SlotSummary {
             .collect(),
         phase: r.phase,
         memory_pressure: r.memory_pressure,
+        flamegraphs_on_request: false,
     }
 }
 
@@ -389,6 +394,7 @@ pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings
         );
     }
     let mut rows = String::new();
+    let mut on_request = 0;
     for s in slots {
         count += 1;
         bars.push(bar(s));
@@ -403,7 +409,7 @@ pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings
             rows,
             "<tr{cls}><td>{n}</td><td>{leader}</td><td>{dur:.1}</td><td>{on:.1}</td><td>{off:.1}</td>\
              <td>{top}</td><td>{findings}</td>\
-             <td><a href=\"slots/{n}/oncpu.svg\">on-CPU</a> <a href=\"slots/{n}/offcpu.svg\">off-CPU</a> \
+             <td><a href=\"slots/{n}/oncpu.svg\">on-CPU</a> <a href=\"slots/{n}/offcpu.svg\">off-CPU</a>{drawn} \
              <a href=\"slots/{n}/slot.json\">json</a></td></tr>",
             cls = if s.slot.aligned {
                 ""
@@ -416,8 +422,21 @@ pub fn index_html<'a>(slots: impl IntoIterator<Item = &'a SlotSummary>, findings
             off = s.offcpu_ms,
             top = top.join("<br>"),
             findings = s.findings.len(),
+            drawn = if s.flamegraphs_on_request {
+                on_request += 1;
+                "<sup title=\"drawn by slotprof's server when opened from it\">*</sup>"
+            } else {
+                ""
+            },
         );
     }
+    let on_request = if on_request > 0 {
+        "<p>* Flamegraphs drawn on request: open this page from slotprof's own server (the address in \
+         <code>metrics.listen</code>; http://127.0.0.1:10440/ as shipped), which draws them from the slot's \
+         <code>.folded</code> files; on disk, open those in speedscope or <code>inferno-flamegraph</code>.</p>"
+    } else {
+        ""
+    };
     format!(
         r##"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>slotprof: slots</title>
@@ -433,6 +452,7 @@ tr.unaligned {{ color: #999; }}
 <h1>slotprof: {count} slots</h1>
 {timeline}
 <p>Click a column to sort. Times in ms. Top threads: name on-CPU/off-CPU ms. Grey rows: slot boundaries guessed, not from the slot source.</p>
+{on_request}
 <h2>Findings ({nfindings})</h2>
 <table id="findings"><thead><tr><th>kind</th><th>slot</th><th>thread</th><th>ms</th><th>what happened</th></tr></thead>
 <tbody>

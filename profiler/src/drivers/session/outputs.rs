@@ -174,6 +174,7 @@ pub(super) fn write_outputs(
         },
         &a.meta,
         &a.subtitle,
+        report::Draw::Now,
         crate::output::write_atomic,
     ) {
         attempt(path, result);
