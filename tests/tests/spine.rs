@@ -684,10 +684,16 @@ fn folded_off_cpu_time_matches_exact_on_the_same_run() {
     let Some(_k) = kernel() else { return };
     let dir = scratch("offcpu-modes");
     let report = dir.join("report.json");
-    let mut target = Command::new(stall_program("stall-idle-pool"))
-        .args(["--seconds", "16", "--report", report.to_str().unwrap()])
-        .spawn()
-        .unwrap();
+    let target = KillOnDrop(
+        Command::new(stall_program("stall-idle-pool"))
+            // Longer than both sessions however long their attach takes (two
+            // programs' worth of verification at once took seconds under the
+            // test VMs' emulation, and a 16 s target left 6.1's VM too few
+            // slots in both): stopped when both have ended.
+            .args(["--seconds", "90", "--report", report.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
     let pid = target.id().to_string();
     // Attached to a running program, as to a node: its threads are named
     // (slotprof finds `--hot-thread napper` by name when it attaches, and
@@ -711,7 +717,7 @@ fn folded_off_cpu_time_matches_exact_on_the_same_run() {
     let session = |mode: &str| {
         let out = dir.join(mode);
         let child = Command::new(slotprof())
-            .args(["attach", "--pid", &pid, "--duration", "12s", "--offcpu", mode])
+            .args(["attach", "--pid", &pid, "--duration", "16s", "--offcpu", mode])
             .args(["--hot-thread", "napper", "--slot-source", &source, "--out"])
             .arg(&out)
             .stdout(Stdio::piped())
@@ -727,7 +733,7 @@ fn folded_off_cpu_time_matches_exact_on_the_same_run() {
         eprintln!("{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
         assert!(o.status.success(), "the {mode} session failed");
     }
-    let _ = target.wait();
+    drop(target);
     let both: Vec<u64> = slot_numbers(&exact_out)
         .intersection(&slot_numbers(&folded_out))
         .copied()
@@ -774,33 +780,48 @@ fn folded_off_cpu_time_matches_exact_on_the_same_run() {
     let exact_summary = read_json(&exact_out.join("summary.json"));
     let folded_summary = read_json(&folded_out.join("summary.json"));
     assert_eq!(exact_summary["counts"]["offcpu_folded"], 0, "exact folds nothing");
-    let folded_waits = folded_summary["counts"]["offcpu_folded"].as_u64().unwrap();
-    let intervals = folded_summary["counts"]["offcpu_intervals"].as_u64().unwrap();
     assert!(
-        row(
-            test,
-            "waits folded",
-            &format!("{folded_waits} of {intervals}"),
-            ">= 1/2",
-            2 * folded_waits >= intervals
-        ),
-        "{}",
+        folded_summary["counts"]["offcpu_folded"].as_u64().unwrap() > 0,
+        "nothing folded: {}",
         folded_summary["counts"]
     );
+    // Per thread, from the trace (every interval is in it): waits folded,
+    // and intervals sent one by one. What folds is each idle worker's
+    // waits; the whole session's share depends on how many of the other
+    // threads' waits there are (44% in 6.12's emulated VM, 77% natively),
+    // so it is each idle worker that is judged.
     let trace = read_json(&folded_out.join("trace.json"));
-    let mut folded_threads = std::collections::BTreeSet::new();
+    let mut per_thread: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     for e in trace["traceEvents"].as_array().unwrap() {
+        let thread = e["args"]["thread_name"].as_str().unwrap_or("").to_string();
         if e["name"] == "off-CPU (short waits, folded)" {
-            folded_threads.insert(e["args"]["thread_name"].as_str().unwrap_or("").to_string());
+            per_thread.entry(thread).or_default().0 += e["args"]["waits"].as_u64().unwrap_or(0);
+        } else if e["name"] == "off-CPU (blocked)" {
+            per_thread.entry(thread).or_default().1 += 1;
         }
     }
-    assert!(
-        (0..4).all(|i| folded_threads.contains(&format!("idle-{i}"))),
-        "every idle worker folds: {folded_threads:?}"
-    );
+    let folded_threads: std::collections::BTreeSet<&String> = per_thread
+        .iter()
+        .filter(|(_, c)| c.0 > 0)
+        .map(|(t, _)| t)
+        .collect();
+    for i in 0..4 {
+        let name = format!("idle-{i}");
+        let (folded, sent) = per_thread.get(&name).copied().unwrap_or((0, 0));
+        assert!(
+            row(
+                test,
+                "an idle worker's waits folded",
+                &format!("{name}: {folded} folded, {sent} sent"),
+                ">= 1/2",
+                folded > 0 && folded >= sent
+            ),
+            "{name}'s waits did not fold: {folded} folded, {sent} sent ({per_thread:?})"
+        );
+    }
     for never in ["napper", "long-napper"] {
         assert!(
-            !folded_threads.contains(never),
+            !folded_threads.contains(&never.to_string()),
             "{never} folded: {folded_threads:?}"
         );
     }

@@ -959,3 +959,21 @@ pub fn slot_numbers(out: &std::path::Path) -> std::collections::BTreeSet<u64> {
         })
         .unwrap_or_default()
 }
+
+/// A child process killed and reaped when dropped: also when a check
+/// panics, so a target meant to outlive its sessions never outlives the
+/// test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
