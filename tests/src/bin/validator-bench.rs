@@ -258,7 +258,12 @@ fn one_round(a: &Args, node: &Node, variant: &'static str, i: usize) -> Result<R
             // slotprof does while it records and at its end.
             let (report_ok, report_peak, report_cpu) = run_measured(
                 Command::new(perf)
-                    .args(["report", "--stdio", "-i"])
+                    // Without inline expansion: perf resolves inlined
+                    // frames by running binutils' addr2line on the node's
+                    // 1 GB of debug info, which took over 8 minutes of CPU
+                    // for one 60 s round here (kept out: an operator
+                    // waiting on that would pass --no-inline too).
+                    .args(["report", "--stdio", "--no-inline", "-i"])
                     .arg(&data)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null()),
@@ -541,6 +546,7 @@ fn profile_run(a: &Args, node: &Node) -> Result<Option<String>, String> {
             .args([
                 "report",
                 "--stdio",
+                "--no-inline",
                 "--no-children",
                 "-g",
                 "none",
