@@ -1172,6 +1172,15 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
         }
     }
     let folded_summary = read_json(&folded_out.join("summary.json"));
+    // What each session could not see: a reference that lost stacks (a
+    // busy ring stops big copies) is not a reference.
+    for (mode, out) in [("exact", &exact_out), ("folded", &folded_out)] {
+        let s = read_json(&out.join("summary.json"));
+        eprintln!(
+            "{mode}: lost {}; unwinding {}; kernel {}",
+            s["lost"], s["unwinding"], s["kernel"]
+        );
+    }
     let c = &folded_summary["counts"];
     let (waits, intervals) = (
         c["offcpu_folded"].as_u64().unwrap_or(0),
