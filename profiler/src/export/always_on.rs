@@ -930,6 +930,38 @@ mod ledger_tests {
         }
     }
 
+    /// Slot `n` of a node leading every slot, in windows of four.
+    fn leader_slot(n: u64) -> Slot {
+        Slot {
+            number: n,
+            start_ns: n * 400_000_000,
+            end_ns: (n + 1) * 400_000_000,
+            leader: true,
+            window: Some(n - n % 4),
+            aligned: true,
+        }
+    }
+
+    /// A finding placed in `slot`.
+    fn lock_finding(slot: &Slot) -> Finding {
+        Finding {
+            kind: crate::detectors::FindingKind::LockContention,
+            slot: Some(slot.number),
+            pid: 1,
+            tid: 1,
+            thread: "t".into(),
+            start_ns: slot.start_ns,
+            duration_ns: 1,
+            magnitudes: Default::default(),
+            cause: None,
+            stack: vec![],
+            waker_stack: vec![],
+            ran_instead: Vec::new(),
+            explanation: String::new(),
+            advice: String::new(),
+        }
+    }
+
     /// Profile metadata with nothing in it.
     fn plain_meta() -> ProfileMeta {
         ProfileMeta {
@@ -991,34 +1023,8 @@ mod ledger_tests {
         for n in 0..12u64 {
             let mut p = Profiles::default();
             p.oncpu.add(["main", "f"], 1);
-            let slot = Slot {
-                number: n,
-                start_ns: n * 400_000_000,
-                end_ns: (n + 1) * 400_000_000,
-                leader: true,
-                window: Some(n - n % 4),
-                aligned: true,
-            };
-            let findings = if n == 5 {
-                vec![Finding {
-                    kind: crate::detectors::FindingKind::LockContention,
-                    slot: Some(5),
-                    pid: 1,
-                    tid: 1,
-                    thread: "t".into(),
-                    start_ns: slot.start_ns,
-                    duration_ns: 1,
-                    magnitudes: Default::default(),
-                    cause: None,
-                    stack: vec![],
-                    waker_stack: vec![],
-                    ran_instead: Vec::new(),
-                    explanation: String::new(),
-                    advice: String::new(),
-                }]
-            } else {
-                vec![]
-            };
+            let slot = leader_slot(n);
+            let findings = if n == 5 { vec![lock_finding(&slot)] } else { vec![] };
             e.export(&result(&slot, &p, &findings, &meta)).unwrap();
         }
         e.flush(&meta).unwrap();
@@ -1046,34 +1052,8 @@ mod ledger_tests {
             let mut p = Profiles::default();
             p.oncpu.add(["main", "f"], 1);
             p.offcpu.add(["main", "wait"], 1_000);
-            let slot = Slot {
-                number: n,
-                start_ns: n * 400_000_000,
-                end_ns: (n + 1) * 400_000_000,
-                leader: true,
-                window: Some(n - n % 4),
-                aligned: true,
-            };
-            let findings = if n == 1 {
-                vec![Finding {
-                    kind: crate::detectors::FindingKind::LockContention,
-                    slot: Some(1),
-                    pid: 1,
-                    tid: 1,
-                    thread: "t".into(),
-                    start_ns: slot.start_ns,
-                    duration_ns: 1,
-                    magnitudes: Default::default(),
-                    cause: None,
-                    stack: vec![],
-                    waker_stack: vec![],
-                    ran_instead: Vec::new(),
-                    explanation: String::new(),
-                    advice: String::new(),
-                }]
-            } else {
-                vec![]
-            };
+            let slot = leader_slot(n);
+            let findings = if n == 1 { vec![lock_finding(&slot)] } else { vec![] };
             e.export(&result(&slot, &p, &findings, &meta)).unwrap();
         }
         e.flush(&meta).unwrap();
