@@ -105,16 +105,21 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
-fn rss(pid: u32) -> Option<u64> {
+/// A `/proc/PID/status` memory field (`VmRSS:`, `VmHWM:`), bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+fn rss(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
 }
 
 /// A child run to its end: success, peak RSS (bytes) and CPU seconds, from
@@ -296,15 +301,7 @@ fn one_round(a: &Args, node: &Node, variant: &'static str, i: usize) -> Result<R
 
 /// Peak RSS of a running process so far (VmHWM), bytes.
 fn peak_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    status_bytes(pid, "VmHWM:")
 }
 
 /// The run time so far (ns) of every BPF program `pid` holds, from its
