@@ -401,7 +401,11 @@ fn retention_keeps_the_export_under_its_cap_and_sigterm_leaves_it_whole() {
     let mut reloads = 0usize;
     while started.elapsed() < Duration::from_secs(18) {
         peak = peak.max(du(&export));
-        for slot in std::fs::read_dir(export.join("slots")).into_iter().flatten().flatten() {
+        for slot in std::fs::read_dir(export.join("slots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             largest_slot = largest_slot.max(du(&slot.path()));
         }
         std::thread::sleep(Duration::from_millis(50));
