@@ -1102,12 +1102,18 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
     std::thread::sleep(Duration::from_secs(5));
     let dir = private_dir("modes");
     let pid = node.pid().to_string();
-    let source = format!("rpc={}", node.rpc_url());
+    // Both sessions cut the same slots: fixed 400 ms slots from the same
+    // CLOCK_MONOTONIC origin. Each session polling the node's RPC itself
+    // placed its boundaries up to a poll apart, and the threads whose
+    // waits cluster at slot boundaries (accounts hashing, broadcast, repair)
+    // moved 10-100% of a stack's time between the two windows' edges
+    // (three of four runs "failed" on that alone).
+    let source = "clock=400ms,origin=0";
     let session = |mode: &str| {
         let out = dir.join(mode);
         let child = std::process::Command::new(slotprof())
             .args(["attach", "--pid", &pid, "--duration", "40s", "--offcpu", mode])
-            .args(["--slot-source", &source, "--out"])
+            .args(["--slot-source", source, "--out"])
             .arg(&out)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -1162,7 +1168,7 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
         let f = f_stacks.get(stack).copied().unwrap_or(0);
         let off = (f as f64 - e as f64).abs() / e as f64;
         worst = worst.max(off);
-        if off > 0.10 {
+        if off > 0.05 {
             bad.push(format!(
                 "{stack}: {:.1} ms folded, {:.1} ms exact ({:.1}%)",
                 f as f64 / 1e6,
@@ -1188,7 +1194,7 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
     );
     row(
         test,
-        "threads (>= 1 s off-CPU) within 2%, stacks (>= 1% of their thread) within 10%",
+        "threads (>= 1 s off-CPU) within 2%, stacks (>= 1% of their thread) within 5%",
         &format!(
             "{} of {compared} threads and {stacks_compared} stacks off (worst stack {:.1}%) over {} slots; {waits} waits folded, {intervals} intervals sent",
             bad.len(),
