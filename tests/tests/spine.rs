@@ -714,65 +714,20 @@ fn folded_off_cpu_time_matches_exact_on_the_same_run() {
     // One clock for both sessions: the same slot numbers and boundaries.
     let origin = (slotprof_tests::monotonic_ns() / 1_000_000_000 + 1) * 1_000_000_000;
     let source = format!("clock=400ms,origin={origin}");
-    let session = |mode: &str| {
-        let out = dir.join(mode);
-        let child = Command::new(slotprof())
-            .args(["attach", "--pid", &pid, "--duration", "16s", "--offcpu", mode])
-            .args(["--hot-thread", "napper", "--slot-source", &source, "--out"])
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        (out, child)
-    };
-    let (exact_out, exact) = session("exact");
-    let (folded_out, folded) = session("folded");
-    for (mode, child) in [("exact", exact), ("folded", folded)] {
-        let o = child.wait_with_output().unwrap();
-        eprintln!("{mode}: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "the {mode} session failed");
-    }
+    let (exact_out, folded_out) =
+        modes::exact_and_folded(target.id(), "16s", &source, &["--hot-thread", "napper"], &dir);
     drop(target);
-    let both: Vec<u64> = slot_numbers(&exact_out)
-        .intersection(&slot_numbers(&folded_out))
-        .copied()
-        .collect();
-    assert!(both.len() > 10, "too few slots in both sessions: {both:?}");
-    let window = &both[2..both.len() - 2];
-    let (e_threads, e_stacks) = offcpu_in_slots(&exact_out, window);
-    let (f_threads, f_stacks) = offcpu_in_slots(&folded_out, window);
+    let compared = modes::compare(&exact_out, &folded_out, 10, 200_000_000);
     let test = "folded_off_cpu_time_matches_exact_on_the_same_run";
     let mut bad = Vec::new();
-    for (thread, &e) in e_threads.iter().filter(|(_, &e)| e >= 200_000_000) {
-        let f = f_threads.get(thread).copied().unwrap_or(0);
-        let off = (f as f64 - e as f64).abs() / e as f64;
-        let measured = format!(
-            "{thread}: {:.1} ms folded, {:.1} ms exact ({:.2}%)",
-            f as f64 / 1e6,
-            e as f64 / 1e6,
-            off * 100.0
-        );
-        if !row(test, "thread off-CPU time", &measured, "2%", off <= 0.02) {
-            bad.push(measured);
+    for d in &compared.threads {
+        if !row(test, "thread off-CPU time", &d.describe(2), "2%", d.off() <= 0.02) {
+            bad.push(d.describe(2));
         }
     }
-    for (stack, &e) in &e_stacks {
-        let thread = stack.split(';').next().unwrap_or("");
-        let of_thread = e_threads.get(thread).copied().unwrap_or(0);
-        if of_thread < 200_000_000 || (e as f64) < 0.01 * of_thread as f64 {
-            continue;
-        }
-        let f = f_stacks.get(stack).copied().unwrap_or(0);
-        let off = (f as f64 - e as f64).abs() / e as f64;
-        let measured = format!(
-            "{stack}: {:.1} ms folded, {:.1} ms exact ({:.1}%)",
-            f as f64 / 1e6,
-            e as f64 / 1e6,
-            off * 100.0
-        );
-        if !row(test, "stack off-CPU time", &measured, "10%", off <= 0.10) {
-            bad.push(measured);
+    for d in &compared.stacks {
+        if !row(test, "stack off-CPU time", &d.describe(1), "10%", d.off() <= 0.10) {
+            bad.push(d.describe(1));
         }
     }
     assert!(bad.is_empty(), "folded differs from exact: {bad:#?}");

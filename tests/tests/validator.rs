@@ -1101,82 +1101,33 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
         Load::start(&node, LOAD_RATE, 60, &load_dir.join("report.json")).unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_secs(5));
     let dir = private_dir("modes");
-    let pid = node.pid().to_string();
     // Both sessions cut the same slots: fixed 400 ms slots from the same
     // CLOCK_MONOTONIC origin. Each session polling the node's RPC itself
     // placed its boundaries up to a poll apart, and the threads whose
     // waits cluster at slot boundaries (accounts hashing, broadcast, repair)
     // moved 10-100% of a stack's time between the two windows' edges
     // (three of four runs "failed" on that alone).
-    let source = "clock=400ms,origin=0";
-    let session = |mode: &str| {
-        let out = dir.join(mode);
-        let child = std::process::Command::new(slotprof())
-            .args(["attach", "--pid", &pid, "--duration", "40s", "--offcpu", mode])
-            .args(["--slot-source", source, "--out"])
-            .arg(&out)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        (out, child)
-    };
-    let (exact_out, exact) = session("exact");
-    let (folded_out, folded) = session("folded");
-    for (mode, child) in [("exact", exact), ("folded", folded)] {
-        let o = child.wait_with_output().unwrap();
-        assert!(
-            o.status.success(),
-            "the {mode} session failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    let (exact_out, folded_out) =
+        modes::exact_and_folded(node.pid(), "40s", "clock=400ms,origin=0", &[], &dir);
     let _ = load.finish();
-    let both: Vec<u64> = slot_numbers(&exact_out)
-        .intersection(&slot_numbers(&folded_out))
-        .copied()
-        .collect();
-    assert!(both.len() > 20, "too few slots in both sessions: {both:?}");
-    let window = &both[2..both.len() - 2];
-    let (e_threads, e_stacks) = offcpu_in_slots(&exact_out, window);
-    let (f_threads, f_stacks) = offcpu_in_slots(&folded_out, window);
+    let compared = modes::compare(&exact_out, &folded_out, 20, 1_000_000_000);
     let test = "folded_off_cpu_time_matches_exact_on_the_real_node";
-    let mut bad = Vec::new();
-    let mut compared = 0;
-    for (thread, &e) in e_threads.iter().filter(|(_, &e)| e >= 1_000_000_000) {
-        compared += 1;
-        let f = f_threads.get(thread).copied().unwrap_or(0);
-        let off = (f as f64 - e as f64).abs() / e as f64;
-        if off > 0.02 {
-            bad.push(format!(
-                "{thread}: {:.1} ms folded, {:.1} ms exact ({:.2}%)",
-                f as f64 / 1e6,
-                e as f64 / 1e6,
-                off * 100.0
-            ));
-        }
-    }
-    let mut stacks_compared = 0;
-    let mut worst = 0.0f64;
-    for (stack, &e) in &e_stacks {
-        let thread = stack.split(';').next().unwrap_or("");
-        let of_thread = e_threads.get(thread).copied().unwrap_or(0);
-        if of_thread < 1_000_000_000 || (e as f64) < 0.01 * of_thread as f64 {
-            continue;
-        }
-        stacks_compared += 1;
-        let f = f_stacks.get(stack).copied().unwrap_or(0);
-        let off = (f as f64 - e as f64).abs() / e as f64;
-        worst = worst.max(off);
-        if off > 0.05 {
-            bad.push(format!(
-                "{stack}: {:.1} ms folded, {:.1} ms exact ({:.1}%)",
-                f as f64 / 1e6,
-                e as f64 / 1e6,
-                off * 100.0
-            ));
-        }
-    }
+    let bad: Vec<String> = (compared.threads.iter())
+        .filter(|d| d.off() > 0.02)
+        .map(|d| d.describe(2))
+        .chain(
+            compared
+                .stacks
+                .iter()
+                .filter(|d| d.off() > 0.05)
+                .map(|d| d.describe(1)),
+        )
+        .collect();
+    let (compared_threads, stacks_compared, worst) = (
+        compared.threads.len(),
+        compared.stacks.len(),
+        compared.worst_stack(),
+    );
     let folded_summary = read_json(&folded_out.join("summary.json"));
     // What each session could not see: a reference that lost stacks (a
     // busy ring stops big copies) is not a reference.
@@ -1196,18 +1147,18 @@ fn folded_off_cpu_time_matches_exact_on_the_real_node() {
         test,
         "threads (>= 1 s off-CPU) within 2%, stacks (>= 1% of their thread) within 5%",
         &format!(
-            "{} of {compared} threads and {stacks_compared} stacks off (worst stack {:.1}%) over {} slots; {waits} waits folded, {intervals} intervals sent",
+            "{} of {compared_threads} threads and {stacks_compared} stacks off (worst stack {:.1}%) over {} slots; {waits} waits folded, {intervals} intervals sent",
             bad.len(),
             worst * 100.0,
-            window.len()
+            compared.window.len()
         ),
         "none off",
-        bad.is_empty() && compared > 0,
+        bad.is_empty() && compared_threads > 0,
     );
     assert!(
-        compared > 0,
+        compared_threads > 0,
         "no thread with 1 s off-CPU in {} slots",
-        window.len()
+        compared.window.len()
     );
     assert!(
         bad.is_empty(),

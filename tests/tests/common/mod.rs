@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod modes;
 pub mod pushed;
 
 use std::{
@@ -920,44 +921,6 @@ pub fn rate_at_most(count: usize, n: usize, rate: f64) -> (bool, String) {
             100.0 * hi
         ),
     )
-}
-
-/// Per thread (the folded stack's root) and per stack: off-CPU time in
-/// the slots `numbers` of the session in `out`.
-pub fn offcpu_in_slots(
-    out: &std::path::Path,
-    numbers: &[u64],
-) -> (
-    std::collections::BTreeMap<String, u64>,
-    std::collections::BTreeMap<String, u64>,
-) {
-    let (mut threads, mut stacks) = (
-        std::collections::BTreeMap::new(),
-        std::collections::BTreeMap::new(),
-    );
-    for n in numbers {
-        let f = out.join("slots").join(n.to_string()).join("offcpu.folded");
-        if !f.exists() {
-            continue;
-        }
-        for (stack, v) in read_folded(&f).iter() {
-            let thread = stack.split(';').next().unwrap_or("").to_string();
-            *threads.entry(thread).or_insert(0) += v;
-            *stacks.entry(stack.to_string()).or_insert(0) += v;
-        }
-    }
-    (threads, stacks)
-}
-
-/// The slot numbers a session wrote.
-pub fn slot_numbers(out: &std::path::Path) -> std::collections::BTreeSet<u64> {
-    std::fs::read_dir(out.join("slots"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// A child process killed and reaped when dropped: also when a check
