@@ -63,15 +63,21 @@ fn run_validator_with(
 fn check_slots(out: &Path, truth: &serde_json::Value) {
     let mut checked = 0;
     let mut light_work = 0;
-    for s in truth["slots"].as_array().unwrap() {
+    for (i, s) in truth["slots"].as_array().unwrap().iter().enumerate() {
         let n = s["slot"].as_u64().unwrap();
         let dir = out.join("slots").join(n.to_string());
         assert!(dir.is_dir(), "slot {n} has no directory");
         let sj = read_json(&dir.join("slot.json"));
         let start = sj["start_ns"].as_i64().unwrap();
         let began = s["began_ns"].as_i64().unwrap();
+        // The first boundary a uprobe gives is its first hit, which pays
+        // once for the process's XOL area and, in an emulated test VM,
+        // for translating every piece of code the hit runs for the first
+        // time (6.1's VM: 10.6 ms late once): it may be late, never early,
+        // by 50 ms; every later boundary within 10 ms either way.
+        let late_first = if i == 0 { 50_000_000 } else { 10_000_000 };
         assert!(
-            (start - began).abs() < 10_000_000,
+            start - began < late_first && began - start < 10_000_000,
             "slot {n}: boundary {start} vs program {began}"
         );
         let on = read_folded(&dir.join("oncpu.folded"));
