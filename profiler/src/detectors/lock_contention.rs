@@ -59,11 +59,11 @@ pub fn detect(
     let mut idle_stack: HashMap<i32, (bool, bool)> = HashMap::new();
     // Who waited on each futex in the whole session.
     let mut waiters_of: HashMap<u64, BTreeSet<u32>> = HashMap::new();
-    for f in inputs.futex {
+    for f in inputs.futex.iter() {
         waiters_of.entry(f.uaddr).or_default().insert(f.tid);
     }
     let mut acc: BTreeMap<(u64, u64), Acc> = BTreeMap::new();
-    for f in inputs.futex {
+    for f in inputs.futex.iter() {
         let (idle, unknown) = *idle_stack.entry(f.user_stack_id).or_insert_with(|| {
             let frames = names(inputs.pid, f.user_stack_id, false);
             (waits_for_work(&frames), frames.iter().all(|f| f.starts_with('[')))
@@ -207,7 +207,7 @@ mod tests {
         names: &'a HashMap<u32, String>,
     ) -> Inputs<'a> {
         Inputs {
-            futex: waits,
+            futex: waits.into(),
             short_futex,
             ..empty_inputs(names)
         }

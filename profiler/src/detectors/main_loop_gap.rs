@@ -629,7 +629,7 @@ mod tests {
         let fut = [futex(8, 2 * MS, 10 * MS, 0x10, 5, 0)];
         let inp = Inputs {
             madvise: &madv,
-            futex: &fut,
+            futex: fut[..].into(),
             loop_marks: &marks,
             ..empty_inputs(&names)
         };
@@ -643,7 +643,7 @@ mod tests {
         let fut = [futex(7, 2 * MS, 3 * MS, 0x10, 5, 0)];
         let inp = Inputs {
             madvise: &madv,
-            futex: &fut,
+            futex: fut[..].into(),
             ..inp
         };
         let f = detect(&inp, &DetectorConfig::default(), &Buckets::new(None, 0), &mut n);

@@ -189,6 +189,42 @@ impl Default for DetectorConfig {
     }
 }
 
+/// Futex waits kept elsewhere (a session's, mostly in a temporary file):
+/// read in order, as often as asked.
+pub trait FutexSource {
+    fn waits(&self) -> Box<dyn Iterator<Item = FutexWait> + '_>;
+}
+
+/// The futex waits the detectors read: a slice (a chunk's, a test's) or
+/// a session's [`FutexSource`].
+#[derive(Clone, Copy)]
+pub enum FutexWaits<'a> {
+    Slice(&'a [FutexWait]),
+    Source(&'a dyn FutexSource),
+}
+
+impl Default for FutexWaits<'_> {
+    fn default() -> Self {
+        FutexWaits::Slice(&[])
+    }
+}
+
+impl<'a> From<&'a [FutexWait]> for FutexWaits<'a> {
+    fn from(s: &'a [FutexWait]) -> Self {
+        FutexWaits::Slice(s)
+    }
+}
+
+impl<'a> FutexWaits<'a> {
+    /// Every wait, in order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = FutexWait> + 'a> {
+        match *self {
+            FutexWaits::Slice(s) => Box::new(s.iter().copied()),
+            FutexWaits::Source(s) => s.waits(),
+        }
+    }
+}
+
 /// Everything the detectors read.
 pub struct Inputs<'a> {
     pub pid: u32,
@@ -199,7 +235,9 @@ pub struct Inputs<'a> {
     pub mem_stalls: &'a [MemStall],
     /// Program-cache calls (load, verify, JIT, evict) of the target.
     pub cache_work: &'a [CacheWork],
-    pub futex: &'a [FutexWait],
+    /// Futex waits over the minimum, streamed (a session's are mostly in
+    /// a temporary file).
+    pub futex: FutexWaits<'a>,
     pub loop_marks: &'a [LoopMark],
     /// Short futex waits counted in the kernel: (address, waits, ns).
     pub short_futex: &'a [(u64, u64, u64)],
@@ -218,7 +256,7 @@ impl<'a> Inputs<'a> {
             madvise: &[],
             mem_stalls: &[],
             cache_work: &[],
-            futex: &[],
+            futex: Default::default(),
             loop_marks: &[],
             short_futex: &[],
             thread_names,

@@ -15,8 +15,7 @@ type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 use flamegraphs::Folded;
 use profiler_ebpf::{
-    stack_lost, CpuSample, FutexWait, LoopMark, MadviseCall, OffCpuFold, OffCpuInterval, OffCpuStart,
-    UserRegs, COMM_LEN,
+    stack_lost, CpuSample, LoopMark, MadviseCall, OffCpuFold, OffCpuInterval, OffCpuStart, UserRegs, COMM_LEN,
 };
 use serde::Serialize;
 use symbolizer::Symbolizer;
@@ -82,8 +81,9 @@ pub struct Aggregator {
     pub mem_stall_log: Vec<profiler_ebpf::MemStall>,
     /// Every program-cache call (load, verify, JIT, evict) of the target.
     pub cache_work_log: Vec<profiler_ebpf::CacheWork>,
-    /// Every futex wait over the minimum.
-    pub futex_log: Vec<FutexWait>,
+    /// Every futex wait over the minimum (off the heap past the newest
+    /// 32,768).
+    pub futex_log: super::futex_store::FutexStore,
     /// Main-loop iteration starts (`--loop-symbol`).
     pub loop_marks: Vec<LoopMark>,
     /// Registers of the samples taken in user mode (cache-line detector).
@@ -259,7 +259,7 @@ impl Aggregator {
             Event::Madvise(m) => self.madvise_log.push(*m),
             Event::MemStall(m) => self.mem_stall_log.push(*m),
             Event::CacheWork(w) => self.cache_work_log.push(*w),
-            Event::FutexWait(f) => self.futex_log.push(*f),
+            Event::FutexWait(f) => self.futex_log.push(f),
             Event::LoopMark(l) => self.loop_marks.push(*l),
             Event::UserRegs(r) => self.user_regs.push(*r),
             Event::Host(_) => {}

@@ -258,7 +258,7 @@ impl IntervalStore {
 
 /// A file in `dir` that has no name: `O_TMPFILE`, or where the filesystem
 /// has no such thing, a `mkstemp` file unlinked at once.
-fn unnamed_file(dir: &Path) -> io::Result<File> {
+pub(crate) fn unnamed_file(dir: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     match std::fs::OpenOptions::new()
         .read(true)

@@ -14,6 +14,7 @@
 //! files (`export`); the symbolizer reads the target's files and memory.
 
 pub mod aggregate;
+pub mod futex_store;
 pub mod intervals;
 pub mod replay;
 pub mod slot_window;
@@ -84,7 +85,7 @@ pub fn inputs<'a>(
         madvise: &agg.madvise_log,
         mem_stalls: &agg.mem_stall_log,
         cache_work: &agg.cache_work_log,
-        futex: &agg.futex_log,
+        futex: (&agg.futex_log).into(),
         loop_marks: &agg.loop_marks,
         short_futex,
         thread_names,

@@ -201,6 +201,8 @@ pub(super) fn warnings_of(
 ) -> (Vec<String>, Vec<String>) {
     let mut warnings = std::mem::take(&mut c.unwind_warnings);
     warnings.extend(c.agg.intervals().file_error().map(str::to_string));
+    warnings.extend(c.agg.futex_log.file_error().map(str::to_string));
+    warnings.extend(c.agg.futex_log.read_error());
     if let Some(advice) = &a.frame_pointers.advice {
         warnings.push(advice.clone());
     }
