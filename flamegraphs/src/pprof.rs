@@ -428,7 +428,10 @@ impl Builder {
             string_table: self.strings.table,
             ..Default::default()
         };
-        let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+        // Level 1, as Go's runtime/pprof writes its profiles: an always-on
+        // daemon writes profiles every slot, and the default level was
+        // its largest single cost after unwinding (zlib's longest_match).
+        let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
         // Tables first, then the samples: repeated fields may come in any
         // order and are read as one list.
         gz.write_all(&tables.encode_to_vec())?;

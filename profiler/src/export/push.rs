@@ -669,10 +669,9 @@ impl SlotExport for Pusher {
 /// `bytes` gzipped (OTLP/HTTP's `Content-Encoding: gzip`).
 fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
-    let mut gz = flate2::write::GzEncoder::new(
-        Vec::with_capacity(bytes.len() / 3),
-        flate2::Compression::default(),
-    );
+    // Level 1 (see flamegraphs' pprof writer): pushed every few seconds.
+    let mut gz =
+        flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 3), flate2::Compression::fast());
     gz.write_all(bytes)?;
     gz.finish()
 }

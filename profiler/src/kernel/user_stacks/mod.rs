@@ -121,10 +121,13 @@ struct Held {
     event: Event,
 }
 
-/// A switch-out copy waiting for its interval: raw, unwound only if used.
+/// A thread's last switch-out copy, waiting for its interval: raw,
+/// unwound only if used (`used`: its interval took it; the buffer stays
+/// for the thread's next copy).
 struct SwitchOutCopy {
     start_ns: u64,
     header: UserStackHeader,
+    used: bool,
     bytes: Vec<u8>,
 }
 
@@ -284,11 +287,23 @@ impl UserStacks {
                     Event::OffCpu(o) => o.start_ns,
                     _ => 0,
                 };
-                let copy = self.switch_out.remove(&tid).filter(|c| c.start_ns == start);
+                let copy = self
+                    .switch_out
+                    .get_mut(&tid)
+                    .filter(|c| !c.used && c.start_ns == start)
+                    .map(|c| {
+                        c.used = true;
+                        (c.header, std::mem::take(&mut c.bytes))
+                    });
                 let new_id = match copy {
-                    Some(c) if !c.bytes.is_empty() => {
+                    Some((header, bytes)) if !bytes.is_empty() => {
                         self.sources.offcpu_at_switch_out += 1;
-                        self.unwind_copy(&c.header, &c.bytes)
+                        let id = self.unwind_copy(&header, &bytes);
+                        // The buffer goes back for the thread's next copy.
+                        if let Some(c) = self.switch_out.get_mut(&tid) {
+                            c.bytes = bytes;
+                        }
+                        id
                     }
                     _ => {
                         self.sources.offcpu_not_taken += 1;
@@ -366,13 +381,29 @@ impl UserStacks {
             return Ok(());
         }
         if header.why & stack_for::MASK == stack_for::SWITCH_OUT {
-            let copy = SwitchOutCopy {
-                start_ns: header.start_ns,
-                header,
-                bytes: stack.to_vec(),
-            };
-            if self.switch_out.insert(header.tid, copy).is_some() {
-                self.sources.switch_out_copies_unused += 1;
+            // Most are never used (the thread got its CPU back within the
+            // reporting minimum): each thread's buffer is reused rather
+            // than one allocated and freed per copy.
+            match self.switch_out.get_mut(&header.tid) {
+                Some(c) => {
+                    if !c.used {
+                        self.sources.switch_out_copies_unused += 1;
+                    }
+                    c.start_ns = header.start_ns;
+                    c.header = header;
+                    c.used = false;
+                    c.bytes.clear();
+                    c.bytes.extend_from_slice(stack);
+                }
+                None => {
+                    let copy = SwitchOutCopy {
+                        start_ns: header.start_ns,
+                        header,
+                        used: false,
+                        bytes: stack.to_vec(),
+                    };
+                    self.switch_out.insert(header.tid, copy);
+                }
             }
             return Ok(());
         }
@@ -1084,6 +1115,28 @@ mod tests {
             .unwrap();
         assert_ne!(u.get(user_id(&out[1])), Some(vec![marker::NOT_TAKEN]));
         assert!(is_unwound(user_id(&out[1])));
+        assert_eq!(u.sources.switch_out_copies_unused, 1, "the copy at 100");
+        // A copy is used once; the thread's next copy reuses its buffer.
+        u.feed(&offcpu(7, 300, USER_STACK_AT_SWITCH_OUT), &mut |e| out.push(e))
+            .unwrap();
+        assert_eq!(
+            u.get(user_id(&out[2])),
+            Some(vec![marker::NOT_TAKEN]),
+            "used twice"
+        );
+        u.feed(&stack_rec(7, stack_for::SWITCH_OUT, 400, &[0; 64]), &mut |e| {
+            out.push(e)
+        })
+        .unwrap();
+        assert_eq!(u.sources.switch_out_copies_unused, 1, "the copy at 300 was used");
+        u.feed(&offcpu(7, 400, USER_STACK_AT_SWITCH_OUT), &mut |e| out.push(e))
+            .unwrap();
+        assert_eq!(
+            user_id(&out[3]),
+            user_id(&out[1]),
+            "the same bytes, the same stack"
+        );
+        assert_eq!(u.sources.offcpu_at_switch_out, 2);
     }
 
     fn futex_waking(tid: u32, waker: u32, woken_ns: u64) -> Vec<u8> {
