@@ -11,14 +11,18 @@
 //! up to [`BACKLOG_BYTES`], and only a pause long enough to fill that
 //! loses records, counted as `backlog_full`.
 //!
-//! Batches are buffers of a fixed size, given back to the reader when
-//! taken (up to [`SPARE_BATCHES`] kept): the queue's memory is reused
-//! instead of allocated, grown and freed at ~20 MiB/s, which left the
-//! heap fragmented after every burst (on the real node: free heap 17 ->
-//! 37 MiB over 13 minutes). The reader drains the ring at most every
-//! [`PACE_MS`]: a 4 MiB ring at a loaded node's ~20 MiB/s takes ~200 ms to
-//! fill, and a reader woken for every few records costs more CPU than the
-//! records.
+//! Batches are chunks of [`CHUNK_BYTES`], a drain filling as many as it
+//! needs, and what the queue counts against its bound is their capacity:
+//! memory held is what was copied, never a fixed buffer per drain. (With
+//! one 1 MiB buffer per drain, a drain of ~200 KB held 1 MiB: a 0.7 s
+//! pause of the loop at start, while it read the validator's unwind
+//! tables, queued 68 MiB of buffers for 14 MiB of records, the heap's
+//! peak for the rest of the run, heaptrack on `run` on the real node.)
+//! Taken chunks go back to the reader, up to [`SPARE_CHUNKS`] kept: a
+//! steady stream reuses them instead of allocating and freeing ~20 MiB/s.
+//! The reader drains the ring at most every [`PACE_MS`]: a 4 MiB ring at
+//! a loaded node's ~20 MiB/s takes ~200 ms to fill, and a reader woken for
+//! every few records costs more CPU than the records.
 
 use std::{
     os::fd::AsRawFd,
@@ -37,11 +41,14 @@ use tokio::sync::mpsc;
 pub const BACKLOG_BYTES: usize = 64 << 20;
 
 /// A batch is sent before it would hold more than this (or once the ring
-/// is empty); its buffer is allocated at this size once.
-const BATCH_BYTES: usize = 1 << 20;
+/// is empty); its buffer is allocated at this size once. Larger than the
+/// largest record the kernel side makes (a 32 KiB stack copy and its
+/// header).
+const CHUNK_BYTES: usize = 64 << 10;
 
-/// Empty batch buffers kept for reuse (the rest are freed).
-const SPARE_BATCHES: usize = 2;
+/// Empty chunks kept for reuse (the rest are freed): 40 ms of a loaded
+/// node's records.
+const SPARE_CHUNKS: usize = 16;
 
 /// The least time between two drains of the ring.
 const PACE_MS: u64 = 10;
@@ -53,6 +60,8 @@ const POLL_MS: i32 = 50;
 /// length, then that many bytes.
 pub struct Batch {
     bytes: Vec<u8>,
+    /// What this batch counts in the queue's bytes (its capacity).
+    counted: usize,
     queued: Arc<AtomicUsize>,
     spare: Spare,
 }
@@ -69,12 +78,12 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        self.queued.fetch_sub(self.bytes.len(), Ordering::Relaxed);
+        self.queued.fetch_sub(self.counted, Ordering::Relaxed);
         let mut bytes = std::mem::take(&mut self.bytes);
-        if bytes.capacity() == BATCH_BYTES {
+        if bytes.capacity() == CHUNK_BYTES {
             bytes.clear();
             if let Ok(mut spare) = self.spare.lock() {
-                if spare.len() < SPARE_BATCHES {
+                if spare.len() < SPARE_CHUNKS {
                     spare.push(bytes);
                 }
             }
@@ -114,7 +123,7 @@ struct Batcher {
 impl Batcher {
     fn push(&mut self, record: &[u8]) {
         let len = 4 + record.len();
-        if self.bytes.len() + len > BATCH_BYTES {
+        if self.bytes.len() + len > CHUNK_BYTES {
             self.send();
         }
         if self.bytes.capacity() == 0 {
@@ -123,9 +132,9 @@ impl Batcher {
                 .lock()
                 .ok()
                 .and_then(|mut s| s.pop())
-                .unwrap_or_else(|| Vec::with_capacity(BATCH_BYTES));
+                .unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES));
         }
-        // (A record over BATCH_BYTES, which the kernel side never makes,
+        // (A record over CHUNK_BYTES, which the kernel side never makes,
         // would grow this one buffer; it is then not kept.)
         self.bytes.extend_from_slice(&(record.len() as u32).to_ne_bytes());
         self.bytes.extend_from_slice(record);
@@ -140,14 +149,18 @@ impl Batcher {
         }
         let bytes = std::mem::take(&mut self.bytes);
         let records = std::mem::take(&mut self.records);
-        let len = bytes.len();
-        if self.queued.load(Ordering::Relaxed) + len > self.limit {
+        let counted = bytes.capacity();
+        if self.queued.load(Ordering::Relaxed) + counted > self.limit {
             self.dropped.fetch_add(records, Ordering::Relaxed);
+            // The chunk itself is reused.
+            self.bytes = bytes;
+            self.bytes.clear();
             return;
         }
-        self.queued.fetch_add(len, Ordering::Relaxed);
+        self.queued.fetch_add(counted, Ordering::Relaxed);
         let batch = Batch {
             bytes,
+            counted,
             queued: self.queued.clone(),
             spare: self.spare.clone(),
         };
@@ -247,7 +260,7 @@ impl RingReader {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Bytes queued now.
+    /// Bytes queued now (the batches' buffers, not only their records).
     pub fn queued_bytes(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
     }
@@ -301,19 +314,19 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_sent_before_it_would_outgrow_its_buffer_and_the_buffer_comes_back() {
+    fn a_batch_is_sent_before_it_would_outgrow_its_chunk_and_the_chunk_comes_back() {
         let (mut b, mut rx) = batcher(16 << 20);
-        let big = vec![0u8; BATCH_BYTES / 2 - 4];
+        let big = vec![0u8; CHUNK_BYTES / 2 - 4];
         b.push(&big);
         b.push(&big);
         assert!(rx.try_recv().is_err(), "exactly full: not sent yet");
         b.push(&[1]);
         let first = rx.try_recv().unwrap();
         assert_eq!(first.records().count(), 2);
-        assert_eq!(first.bytes.capacity(), BATCH_BYTES, "never grown");
+        assert_eq!(first.bytes.capacity(), CHUNK_BYTES, "never grown");
         let buffers = [first.bytes.as_ptr()];
         drop(first);
-        assert_eq!(b.spare.lock().unwrap().len(), 1, "its buffer is kept");
+        assert_eq!(b.spare.lock().unwrap().len(), 1, "its chunk is kept");
         b.send();
         let second = rx.try_recv().unwrap();
         assert_eq!(second.records().next().unwrap(), &[1]);
@@ -323,37 +336,55 @@ mod tests {
         b.push(&[2]);
         b.send();
         let third = rx.try_recv().unwrap();
-        assert!(
-            buffers.contains(&third.bytes.as_ptr()),
-            "a spare buffer is reused"
-        );
+        assert!(buffers.contains(&third.bytes.as_ptr()), "a spare chunk is reused");
         assert_eq!(b.spare.lock().unwrap().len(), 1);
     }
 
     #[test]
-    fn at_most_spare_batches_buffers_are_kept() {
+    fn at_most_spare_chunks_are_kept() {
         let (mut b, mut rx) = batcher(64 << 20);
         let mut held = Vec::new();
-        for _ in 0..SPARE_BATCHES + 3 {
+        for _ in 0..SPARE_CHUNKS + 3 {
             b.push(&[0; 8]);
             b.send();
             held.push(rx.try_recv().unwrap());
         }
         drop(held);
-        assert_eq!(b.spare.lock().unwrap().len(), SPARE_BATCHES);
+        assert_eq!(b.spare.lock().unwrap().len(), SPARE_CHUNKS);
+    }
+
+    #[test]
+    fn the_queue_counts_the_chunks_it_holds_not_only_their_records() {
+        // One small record a drain, as an idle target gives: each batch
+        // holds a whole chunk, and that is what the bound must see.
+        let (mut b, mut rx) = batcher(3 * CHUNK_BYTES);
+        for _ in 0..3 {
+            b.push(&[5; 10]);
+            b.send();
+        }
+        assert_eq!(b.queued.load(Ordering::Relaxed), 3 * CHUNK_BYTES);
+        b.push(&[6; 10]);
+        b.send();
+        assert_eq!(
+            b.dropped.load(Ordering::Relaxed),
+            1,
+            "a fourth chunk passes the bound"
+        );
+        let held: Vec<Batch> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(held.len(), 3);
     }
 
     #[test]
     fn past_the_bound_records_are_dropped_and_counted_and_room_comes_back() {
-        let (mut b, mut rx) = batcher(100);
+        let (mut b, mut rx) = batcher(CHUNK_BYTES + 100);
         b.push(&[0; 60]);
         b.send();
-        // 64 queued: a second batch of 64 would pass the bound of 100.
+        // One chunk queued: a second would pass the bound.
         b.push(&[1; 30]);
         b.push(&[2; 30]);
         b.send();
         assert_eq!(b.dropped.load(Ordering::Relaxed), 2);
-        assert_eq!(b.queued.load(Ordering::Relaxed), 64);
+        assert_eq!(b.queued.load(Ordering::Relaxed), CHUNK_BYTES);
         let first = rx.try_recv().unwrap();
         assert_eq!(first.records().next().unwrap(), &[0; 60]);
         drop(first);
