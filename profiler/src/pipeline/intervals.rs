@@ -6,25 +6,16 @@
 //! its thread's, the trace lists them. Kept as they come they cost 64
 //! bytes each and grow without bound. Here each is 56 bytes (its thread
 //! and stacks interned once), the newest [`IN_MEMORY`] stay in memory,
-//! and older ones go to an unnamed temporary file (`O_TMPFILE`: no path
-//! anyone can guess or race, gone when slotprof exits however it exits),
-//! read back in order when the session ends.
+//! and older ones go to an unnamed temporary file ([`super::spill`]), read
+//! back in order when the session ends.
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    io::{self, Write},
-    os::unix::fs::FileExt,
-    path::Path,
-};
+use std::{collections::HashMap, io};
 
+use super::spill::{Record, SpillLog};
 use crate::records::{Folded, Interval, Runner, StackKey};
 
 /// Intervals kept in memory before they go to the file (3.5 MiB).
 pub const IN_MEMORY: usize = 65_536;
-
-/// One interval as stored.
-const RECORD: usize = 56;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Packed {
@@ -42,7 +33,9 @@ struct Packed {
     folded_runnable_ns: u64,
 }
 
-impl Packed {
+impl Record for Packed {
+    const BYTES: usize = 56;
+
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.start_ns.to_le_bytes());
         out.extend_from_slice(&self.end_ns.to_le_bytes());
@@ -70,7 +63,9 @@ impl Packed {
             folded_runnable_ns: u64_at(48),
         }
     }
+}
 
+impl Packed {
     fn folded(&self) -> Option<Folded> {
         (self.folded != 0).then(|| Folded {
             intervals: self.folded - 1,
@@ -81,7 +76,6 @@ impl Packed {
 }
 
 /// The intervals, in the order they were pushed.
-#[derive(Default)]
 pub struct IntervalStore {
     keys: Vec<StackKey>,
     index: HashMap<StackKey, u32>,
@@ -91,14 +85,20 @@ pub struct IntervalStore {
     runners: Vec<Runner>,
     runner_index: HashMap<Runner, u16>,
     runners_over: u64,
-    /// The newest intervals, not yet in the file.
-    tail: Vec<Packed>,
-    file: Option<File>,
-    /// Records in the file.
-    in_file: u64,
-    /// Why the file could not be made or written, if it could not: then
-    /// everything stays in memory (nothing is dropped).
-    file_error: Option<String>,
+    log: SpillLog<Packed>,
+}
+
+impl Default for IntervalStore {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            index: HashMap::new(),
+            runners: Vec::new(),
+            runner_index: HashMap::new(),
+            runners_over: 0,
+            log: SpillLog::new("off-CPU intervals", IN_MEMORY),
+        }
+    }
 }
 
 impl IntervalStore {
@@ -146,7 +146,7 @@ impl IntervalStore {
                 ..f
             },
         );
-        self.tail.push(Packed {
+        self.log.push(Packed {
             start_ns: i.start_ns,
             end_ns: i.end_ns,
             woken_ns: i.woken_ns,
@@ -157,89 +157,51 @@ impl IntervalStore {
             folded_ns: f.offcpu_ns,
             folded_runnable_ns: f.runnable_ns,
         });
-        if self.tail.len() >= IN_MEMORY && self.file_error.is_none() {
-            if let Err(e) = self.spill() {
-                self.file_error = Some(format!(
-                    "off-CPU intervals could not go to a temporary file in {} ({e}); they stay in memory: \
-                     set TMPDIR to a writable directory on a local filesystem",
-                    std::env::temp_dir().display()
-                ));
-            }
-        }
-    }
-
-    fn spill(&mut self) -> io::Result<()> {
-        if self.file.is_none() {
-            self.file = Some(unnamed_file(&std::env::temp_dir())?);
-        }
-        let file = self.file.as_mut().expect("just made");
-        let mut bytes = Vec::with_capacity(self.tail.len() * RECORD);
-        for p in &self.tail {
-            p.encode(&mut bytes);
-        }
-        file.write_all(&bytes)?;
-        self.in_file += self.tail.len() as u64;
-        self.tail.clear();
-        self.tail.shrink_to(IN_MEMORY);
-        Ok(())
     }
 
     /// How many intervals there are.
     pub fn len(&self) -> u64 {
-        self.in_file + self.tail.len() as u64
+        self.log.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.log.is_empty()
     }
 
     /// Bytes of intervals in the temporary file.
     pub fn file_bytes(&self) -> u64 {
-        self.in_file * RECORD as u64
+        self.log.file_bytes()
     }
 
     /// Why intervals stay in memory, when they do.
     pub fn file_error(&self) -> Option<&str> {
-        self.file_error.as_deref()
+        self.log.file_error()
     }
 
     /// Calls `f` with every interval, in the order they were pushed.
     pub fn for_each(&self, mut f: impl FnMut(&Interval)) -> io::Result<()> {
-        let emit = |p: &Packed, f: &mut dyn FnMut(&Interval)| {
+        let mut it = self.log.iter();
+        for p in it.by_ref() {
+            let Some(&key) = self.keys.get(p.key as usize) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the intervals' temporary file changed under slotprof",
+                ));
+            };
             f(&Interval {
                 start_ns: p.start_ns,
                 end_ns: p.end_ns,
-                key: self.keys[p.key as usize],
+                key,
                 preempted: p.preempted,
                 woken_ns: p.woken_ns,
                 ran: self.runners.get(p.ran as usize).copied().unwrap_or_default(),
                 folded: p.folded(),
-            })
-        };
-        if let Some(file) = &self.file {
-            let mut buf = vec![0u8; IN_MEMORY * RECORD];
-            let mut at = 0u64;
-            let end = self.file_bytes();
-            while at < end {
-                let n = ((end - at) as usize).min(buf.len());
-                file.read_exact_at(&mut buf[..n], at)?;
-                for rec in buf[..n].chunks_exact(RECORD) {
-                    let p = Packed::decode(rec);
-                    if p.key as usize >= self.keys.len() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "the intervals' temporary file changed under slotprof",
-                        ));
-                    }
-                    emit(&p, &mut f);
-                }
-                at += n as u64;
-            }
+            });
         }
-        for p in &self.tail {
-            emit(p, &mut f);
+        match it.error() {
+            Some(e) => Err(io::Error::other(e.to_string())),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The intervals of the threads in `tids`, in memory: one by one,
@@ -254,40 +216,6 @@ impl IntervalStore {
         })?;
         Ok(out)
     }
-}
-
-/// A file in `dir` that has no name: `O_TMPFILE`, or where the filesystem
-/// has no such thing, a `mkstemp` file unlinked at once.
-pub(crate) fn unnamed_file(dir: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(dir)
-    {
-        Ok(f) => Ok(f),
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
-            ) =>
-        {
-            Err(e)
-        }
-        // EOPNOTSUPP (the filesystem), EISDIR (a kernel without
-        // O_TMPFILE): the other way.
-        Err(_) => unlinked_file(dir),
-    }
-}
-
-/// A new file in `dir` (mkostemp: a random name, O_EXCL), unlinked before
-/// anything is written to it.
-fn unlinked_file(dir: &Path) -> io::Result<File> {
-    let (file, path) = crate::sys::temp_file(dir, "slotprof-intervals-")?;
-    std::fs::remove_file(path)?;
-    Ok(file)
 }
 
 #[cfg(test)]
@@ -357,7 +285,7 @@ mod tests {
         assert_eq!(s.len(), n);
         assert_eq!(
             s.file_bytes(),
-            IN_MEMORY as u64 * 2 * RECORD as u64,
+            IN_MEMORY as u64 * 2 * Packed::BYTES as u64,
             "{:?}",
             s.file_error()
         );
@@ -374,7 +302,7 @@ mod tests {
         for i in 0..100 {
             s.push(&interval(i));
         }
-        assert!(s.file.is_none());
+        assert_eq!(s.file_bytes(), 0);
         assert_eq!(all(&s).len(), 100);
     }
 
@@ -392,30 +320,5 @@ mod tests {
             .filter(|i| i % 5 == 3 && i % 4 != 1)
             .count();
         assert_eq!(of.len(), expected);
-    }
-
-    #[test]
-    fn the_file_has_no_name_either_way() {
-        for make in [unnamed_file, unlinked_file] {
-            let dir = slotprof_test_dir();
-            let mut f = make(&dir).unwrap();
-            f.write_all(b"x").unwrap();
-            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
-            drop(f);
-            std::fs::remove_dir(&dir).unwrap();
-        }
-    }
-
-    fn slotprof_test_dir() -> std::path::PathBuf {
-        let mut t = std::env::temp_dir()
-            .join("slotprof-unit-XXXXXX")
-            .into_os_string()
-            .into_encoded_bytes();
-        t.push(0);
-        // SAFETY: NUL-terminated template that mkdtemp may rewrite.
-        let p = unsafe { libc::mkdtemp(t.as_mut_ptr().cast()) };
-        assert!(!p.is_null());
-        t.pop();
-        std::path::PathBuf::from(String::from_utf8(t).unwrap())
     }
 }

@@ -1,7 +1,7 @@
 //! What every mode does with a window of events once the kernel side has
 //! delivered them, with no kernel in reach: [`aggregate`] (events -> logs
 //! and totals, per-thread and per-slot profiles), [`intervals`] (the
-//! off-CPU intervals, spilled to a file past a bound), [`slot_window`]
+//! off-CPU intervals, spilled to a file past a bound by [`spill`]), [`slot_window`]
 //! (events held until their slot ends and cut at slot ends: the always-on
 //! path), and here the detectors over a window with its stacks named
 //! ([`detect`]) and the cache-line detector over the samples' decoded
@@ -18,6 +18,7 @@ pub mod futex_store;
 pub mod intervals;
 pub mod replay;
 pub mod slot_window;
+pub mod spill;
 
 use std::collections::{BTreeMap, HashMap};
 
