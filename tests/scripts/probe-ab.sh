@@ -3,16 +3,8 @@
 # probe-ab.sh SECONDS ROUNDS "LABEL=BIN [ARGS]" ... ; interleaved, same node.
 set -u
 secs=$1; rounds=$2; shift 2
-V=${SLOTPROF_VALIDATOR:?set SLOTPROF_VALIDATOR to the solana-test-validator binary (cargo xtask validator unpacks it)}
-L=${SLOTPROF_LOADGEN:?set SLOTPROF_LOADGEN to the tests/loadgen binary (cargo xtask test builds it)}
-d=$(mktemp -d /tmp/ab.XXXXXX)
-$V --ledger $d/ledger --reset --quiet --rpc-port 18899 --faucet-port 19900 --gossip-port 18000 --dynamic-port-range 18001-18100 > $d/node.log 2>&1 &
-node=$!
-trap 'kill $node $load 2>/dev/null; wait 2>/dev/null; rm -rf $d' EXIT
-for i in $(seq 60); do curl -s -X POST -H 'content-type: application/json' -d '{"jsonrpc":"2.0","id":1,"method":"getSlot"}' http://127.0.0.1:18899 | grep -q result && break; sleep 1; done
-total=$(( (secs + 15) * rounds * $# + 60 ))
-$L --url http://127.0.0.1:18899 --rate 100 --seconds $total --report $d/load.json > /dev/null 2>&1 &
-load=$!
+. "$(dirname "$0")/node.sh"
+start_node ab $(( (secs + 15) * rounds * $# + 60 ))
 sleep 20
 for r in $(seq $rounds); do
   for spec in "$@"; do
