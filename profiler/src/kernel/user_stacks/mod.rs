@@ -562,14 +562,15 @@ impl UserStacks {
     }
 
     fn intern(&mut self, frames: Vec<u64>) -> i32 {
-        let frames: Arc<[u64]> = frames.into();
         let now = Instant::now();
-        if let Some(&id) = self.by_frames.get(&frames) {
+        // Most stacks are known: looked up as they are, shared only when new.
+        if let Some(&id) = self.by_frames.get(frames.as_slice()) {
             if let Some(e) = self.ids.get_mut(&id) {
                 e.1 = now;
             }
             return id;
         }
+        let frames: Arc<[u64]> = frames.into();
         // Ids count up from the base and wrap (after 2^30 distinct stacks)
         // skipping ones still in use.
         let mut id;
