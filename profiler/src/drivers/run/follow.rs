@@ -249,7 +249,7 @@ impl Follow {
         }
         // What the reader has read up to, taken before the queue is
         // drained: a slot ending after it may still have records in the
-        // kernel's ring (the reader drains it every 10 ms).
+        // kernel's ring (the reader drains it every 25 ms).
         let synced = self.ring.synced_ns();
         let (pending, slot_log) = (&mut self.pending, &self.slot_log);
         stream::drain(
